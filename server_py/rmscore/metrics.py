@@ -1,0 +1,71 @@
+"""Prometheus metrics built from metrics.json, the one definition shared with the C++ server."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+# The C++ server (prometheus-cpp) has no *_created series; keep the expositions alike.
+disable_created_metrics()
+
+SPEC = json.loads((pathlib.Path(__file__).parent / "metrics.json").read_text())
+_TYPES = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
+
+
+def metric_names() -> list[str]:
+    return [m["name"] for m in SPEC["metrics"]]
+
+
+class Metrics:
+    """Every metric of one server, with `server` and `backend` already bound."""
+
+    def __init__(self, server: str, backend: str, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        self._m = {}
+        common = {"server": server, "backend": backend}
+        for spec in SPEC["metrics"]:
+            labels = SPEC["common_labels"] + spec["labels"]
+            kwargs = {"buckets": spec["buckets"]} if spec["type"] == "histogram" else {}
+            name = spec["name"]
+            if spec["type"] == "counter":
+                name = name.removesuffix("_total")  # prometheus_client appends _total itself
+            family = _TYPES[spec["type"]](name, spec["help"], labels, registry=self.registry, **kwargs)
+            # Bind the common labels; metrics without extra labels become plain children.
+            self._m[spec["name"]] = (family, common, spec["labels"])
+            if not spec["labels"]:
+                family.labels(**common)
+
+    def _child(self, name: str, **extra):
+        family, common, _ = self._m[name]
+        return family.labels(**common, **extra)
+
+    def request(self, code: str, seconds: float | None) -> None:
+        self._child("rmscore_requests_total", code=code).inc()
+        if seconds is not None:
+            self._child("rmscore_request_latency_seconds").observe(seconds)
+
+    def in_flight(self, delta: int) -> None:
+        self._child("rmscore_requests_in_flight").inc(delta)
+
+    def queue_depth(self, n: int) -> None:
+        self._child("rmscore_queue_depth").set(n)
+
+    def batch(self, size: int, padding_ratio: float, seconds: float) -> None:
+        self._child("rmscore_batch_size").observe(size)
+        self._child("rmscore_batch_padding_ratio").observe(padding_ratio)
+        self._child("rmscore_batch_inference_seconds").observe(seconds)
+        self._child("rmscore_sequences_scored_total").inc(size)
+
+    def queue_wait(self, seconds: float) -> None:
+        self._child("rmscore_queue_wait_seconds").observe(seconds)
+
+    def dropped(self, reason: str, n: int = 1) -> None:
+        self._child("rmscore_sequences_dropped_total", reason=reason).inc(n)
+
+    def recompiles(self, n: int) -> None:
+        self._child("rmscore_recompiles_total").inc(n)
+
+    def build_info(self, model: str, version: str) -> None:
+        self._child("rmscore_build_info", model=model, version=version).set(1)

@@ -1,0 +1,169 @@
+"""The Python gRPC front end (grpc.aio): proto <-> ScoringCore, ScoreError -> status code."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+from ..config import ServeConfig
+from ..errors import Code, ScoreError
+from ..v1 import reward_pb2, reward_pb2_grpc
+from ..validation import SeqInput
+from .core import SERVING, ScoringCore, write_port_file
+
+SERVICE = reward_pb2.DESCRIPTOR.services_by_name["RewardModel"].full_name
+TRUNC = {reward_pb2.TRUNCATION_NONE: "none", reward_pb2.TRUNCATION_LEFT: "left",
+         reward_pb2.TRUNCATION_RIGHT: "right"}
+
+
+def seq_input(seq: reward_pb2.Sequence) -> SeqInput:
+    kind = seq.WhichOneof("input")
+    if kind == "tokens":
+        return SeqInput(tokens=seq.tokens.ids)
+    if kind == "text":
+        return SeqInput(text=(seq.text.prompt, seq.text.response))
+    return SeqInput()
+
+
+def _timings(r) -> reward_pb2.Timings:
+    return reward_pb2.Timings(total_ms=r.total_ms, inference_ms=r.inference_ms, queue_ms=r.queue_ms)
+
+
+def _deadline(context) -> float | None:
+    left = context.time_remaining()
+    return None if left is None else time.monotonic() + left
+
+
+class RewardModelServicer(reward_pb2_grpc.RewardModelServicer):
+    def __init__(self, core: ScoringCore):
+        self.core = core
+
+    async def Score(self, request, context):
+        t0 = time.perf_counter()
+        try:
+            result = await self.core.score([seq_input(s) for s in request.sequences],
+                                           TRUNC.get(request.truncation, "none"), _deadline(context))
+        except ScoreError as e:
+            self.core.metrics.request(e.code.name, time.perf_counter() - t0)
+            await context.abort(e.code.grpc, e.message)
+        self.core.metrics.request("OK", time.perf_counter() - t0)
+        return reward_pb2.ScoreResponse(scores=result.scores, model_version=self.core.repo.version,
+                                        timings=_timings(result))
+
+    async def ScoreStream(self, request_iterator, context):
+        """Each item is scored on its own task; answers go out as soon as each is ready."""
+        answers: asyncio.Queue = asyncio.Queue()
+        deadline = _deadline(context)
+        tasks: set[asyncio.Task] = set()
+
+        async def one(item: reward_pb2.ScoreStreamRequest) -> None:
+            t0 = time.perf_counter()
+            try:
+                self.core.check_ready()
+                seq = self.core.validator.sequence(seq_input(item.sequence), TRUNC.get(item.truncation, "none"),
+                                                   "sequence")
+                r = await self.core.score_ids([seq], deadline)
+                resp = reward_pb2.ScoreStreamResponse(id=item.id, score=r.scores[0], timings=_timings(r),
+                                                      model_version=self.core.repo.version)
+                code = "OK"
+            except ScoreError as e:
+                resp = reward_pb2.ScoreStreamResponse(
+                    id=item.id, error=reward_pb2.Error(code=e.code.number, message=e.message),
+                    model_version=self.core.repo.version)
+                code = e.code.name
+            self.core.metrics.request(code, time.perf_counter() - t0)
+            await answers.put(resp)
+
+        async def reader() -> None:
+            async for item in request_iterator:
+                t = asyncio.create_task(one(item))
+                tasks.add(t)
+                t.add_done_callback(tasks.discard)
+            while tasks:
+                await asyncio.gather(*list(tasks))
+            await answers.put(None)
+
+        read_task = asyncio.create_task(reader())
+        try:
+            while (resp := await answers.get()) is not None:
+                yield resp
+        finally:
+            # The client went away (or the stream ended): drop whatever it still had queued.
+            read_task.cancel()
+            for t in list(tasks):
+                t.cancel()
+
+    async def GetModelInfo(self, request, context):
+        m = self.core.repo.manifest
+        return reward_pb2.ModelInfo(
+            name=m["name"], version=m["version"], architecture=m["architecture"], family=m["family"],
+            pooling=m["pooling"], max_sequence_length=m["max_sequence_length"], pad_token_id=m["pad_token_id"],
+            vocab_size=m["vocab_size"], max_sequences_per_request=self.core.cfg.max_sequences_per_request,
+            tokenizer_json=self.core.tokenizer_json, text_format=m["tokenizer"]["text_format"],
+            accepts_text=True, server=self.core.cfg.server_kind, backend=self.core.cfg.backend,
+            device=self.core.cfg.device)
+
+
+async def serve(cfg: ServeConfig) -> int:
+    core = ScoringCore(cfg)
+    limit = cfg.max_request_bytes
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
+                                      ("grpc.max_send_message_length", max(limit, 64 << 20)),
+                                      ("grpc.so_reuseport", 0)])
+    reward_pb2_grpc.add_RewardModelServicer_to_server(RewardModelServicer(core), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    if port == 0:
+        print(f"rmscore serve: cannot bind {cfg.host}:{cfg.port}", flush=True)
+        return 1
+    metrics_server, _ = start_http_server(cfg.metrics_port, addr=cfg.host, registry=core.metrics.registry)
+    await server.start()
+
+    loop = asyncio.get_running_loop()
+    failed = asyncio.Event()
+
+    async def set_health(state: str) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if state == SERVING else \
+            health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE):
+            await health_servicer.set(name, status)
+        if state == "failed":
+            failed.set()
+
+    await set_health("warming_up")
+    write_port_file(cfg.port_file, port, metrics_server.server_port)
+    core.start_loading(lambda s: asyncio.run_coroutine_threadsafe(set_health(s), loop))
+
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    done, _ = await asyncio.wait([asyncio.create_task(stop.wait()), asyncio.create_task(failed.wait())],
+                                 return_when=asyncio.FIRST_COMPLETED)
+    if failed.is_set() and not stop.is_set():
+        await server.stop(0)
+        metrics_server.shutdown()
+        return 1
+    # Drain: NOT_SERVING first, refuse new work, finish what was accepted, then go.
+    core.begin_drain()
+    await set_health("draining")
+    drained = await asyncio.to_thread(core.wait_drained)
+    await server.stop(grace=1.0)
+    core.stop()
+    metrics_server.shutdown()
+    print(f"rmscore: stopped ({'drained' if drained else 'grace period ran out'})", flush=True)
+    return 0
+
+
+def run(cfg: ServeConfig) -> int:
+    return asyncio.run(serve(cfg))
+
+
+__all__ = ["run", "Code"]

@@ -1,0 +1,186 @@
+"""The FastAPI front end: JSON <-> ScoringCore, ScoreError -> HTTP status, on uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from typing import Literal
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..config import ServeConfig
+from ..errors import Code, ScoreError
+from ..validation import SeqInput
+from .core import SERVING, ScoringCore, write_port_file
+
+
+class SequenceIn(BaseModel):
+    """One sequence: `tokens` (ids) or `prompt` + `response` (text)."""
+
+    model_config = ConfigDict(extra="forbid")
+    tokens: list[int] | None = None
+    prompt: str | None = None
+    response: str | None = None
+
+
+class ScoreIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    sequences: list[SequenceIn]
+    truncation: Literal["none", "left", "right"] = "none"
+    timeout_ms: float | None = Field(default=None, gt=0, description="deadline for this request")
+
+
+class TimingsOut(BaseModel):
+    total_ms: float
+    inference_ms: float
+    queue_ms: float
+
+
+class ScoreOut(BaseModel):
+    scores: list[float]
+    model_version: str
+    timings: TimingsOut
+
+
+def _seq_input(s: SequenceIn) -> SeqInput:
+    if s.tokens is not None:
+        return SeqInput(tokens=s.tokens)
+    if s.prompt is not None or s.response is not None:
+        return SeqInput(text=(s.prompt or "", s.response or ""))
+    return SeqInput()
+
+
+def _error(code: Code, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"code": code.name, "message": message}}, status_code=code.http)
+
+
+def create_app(core: ScoringCore) -> FastAPI:
+    app = FastAPI(title="rmscore", description="Reward-model scoring (same contract as the gRPC servers)")
+
+    @app.exception_handler(RequestValidationError)
+    async def malformed(request: Request, exc: RequestValidationError):
+        core.metrics.request(Code.INVALID_ARGUMENT.name, None)
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
+        return _error(Code.INVALID_ARGUMENT, f"{where}: {first['msg']}")
+
+    @app.post("/v1/score", response_model=ScoreOut)
+    async def score(body: ScoreIn):
+        t0 = time.perf_counter()
+        deadline = None if body.timeout_ms is None else time.monotonic() + body.timeout_ms / 1e3
+        try:
+            if deadline is None:
+                r = await core.score([_seq_input(s) for s in body.sequences], body.truncation, None)
+            else:
+                r = await asyncio.wait_for(
+                    core.score([_seq_input(s) for s in body.sequences], body.truncation, deadline),
+                    body.timeout_ms / 1e3)
+        except ScoreError as e:
+            core.metrics.request(e.code.name, time.perf_counter() - t0)
+            return _error(e.code, e.message)
+        except asyncio.TimeoutError:
+            core.metrics.request(Code.DEADLINE_EXCEEDED.name, time.perf_counter() - t0)
+            return _error(Code.DEADLINE_EXCEEDED, "deadline exceeded before scoring")
+        core.metrics.request("OK", time.perf_counter() - t0)
+        return {"scores": r.scores, "model_version": core.repo.version,
+                "timings": {"total_ms": r.total_ms, "inference_ms": r.inference_ms, "queue_ms": r.queue_ms}}
+
+    @app.get("/v1/model")
+    async def model():
+        m = core.repo.manifest
+        return {"name": m["name"], "version": m["version"], "architecture": m["architecture"],
+                "family": m["family"], "pooling": m["pooling"], "max_sequence_length": m["max_sequence_length"],
+                "pad_token_id": m["pad_token_id"], "vocab_size": m["vocab_size"],
+                "max_sequences_per_request": core.cfg.max_sequences_per_request,
+                "text_format": m["tokenizer"]["text_format"], "accepts_text": True,
+                "server": core.cfg.server_kind, "backend": core.cfg.backend, "device": core.cfg.device}
+
+    @app.get("/v1/tokenizer")
+    async def tokenizer():
+        return Response(core.tokenizer_json, media_type="application/json")
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"status": "alive"}
+
+    @app.get("/readyz")
+    async def readyz():
+        ok = core.state == SERVING
+        return JSONResponse({"status": core.state}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(core.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+class _LimitBody:
+    """ASGI middleware: refuse bodies over max_request_bytes with 413 before parsing them."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            length = dict(scope.get("headers") or []).get(b"content-length")
+            if length is not None and int(length) > self.limit:
+                resp = JSONResponse({"error": {"code": "RESOURCE_EXHAUSTED",
+                                               "message": f"body of {int(length)} bytes exceeds max_request_bytes "
+                                                          f"{self.limit}"}}, status_code=413)
+                return await resp(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+class _DrainingServer(uvicorn.Server):
+    """On SIGTERM: report not ready and refuse new work, finish accepted work, then let uvicorn close."""
+
+    def __init__(self, config, core: ScoringCore):
+        super().__init__(config)
+        self.core = core
+        self._draining = False
+
+    def handle_exit(self, sig, frame) -> None:
+        if self._draining:
+            return super().handle_exit(sig, frame)
+        self._draining = True
+        self.core.begin_drain()
+
+        def finish() -> None:
+            drained = self.core.wait_drained()
+            print(f"rmscore: stopped ({'drained' if drained else 'grace period ran out'})", flush=True)
+            self.should_exit = True
+
+        import threading
+
+        threading.Thread(target=finish, daemon=True).start()
+
+
+def run(cfg: ServeConfig) -> int:
+    core = ScoringCore(cfg)
+    app = create_app(core)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((cfg.host, cfg.port))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(_LimitBody(app, cfg.max_request_bytes), log_level="warning",
+                            timeout_graceful_shutdown=int(cfg.drain_grace_seconds), access_log=False)
+    server = _DrainingServer(config, core)
+    write_port_file(cfg.port_file, port, port)
+    failed = []
+
+    def on_state(state: str) -> None:
+        if state == "failed":  # never ready: exit rather than answer 503 forever
+            failed.append(state)
+            server.should_exit = True
+
+    core.start_loading(on_state)
+    server.run(sockets=[sock])
+    core.stop()
+    return 1 if failed else 0
