@@ -1,0 +1,153 @@
+#include "config.h"
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+namespace rmscore {
+namespace {
+
+[[noreturn]] void Fail(const std::string& flag, const std::string& why) {
+  throw ConfigError(flag + ": " + why);
+}
+
+int64_t ParseInt(const std::string& flag, const std::string& v, int64_t min, int64_t max) {
+  size_t used = 0;
+  int64_t n = 0;
+  try {
+    n = std::stoll(v, &used, 10);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (v.empty() || used != v.size()) Fail(flag, "not an integer, got '" + v + "'");
+  if (n < min) Fail(flag, "must be >= " + std::to_string(min) + ", got " + v);
+  if (n > max) Fail(flag, "must be <= " + std::to_string(max) + ", got " + v);
+  return n;
+}
+
+double ParseNumber(const std::string& flag, const std::string& v, double min) {
+  size_t used = 0;
+  double x = 0;
+  try {
+    x = std::stod(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (v.empty() || used != v.size() || !std::isfinite(x)) Fail(flag, "not a number, got '" + v + "'");
+  if (x < min) {
+    std::ostringstream m;
+    m << "must be >= " << min << ", got " << v;
+    Fail(flag, m.str());
+  }
+  return x;
+}
+
+template <typename E>
+E ParseChoice(const std::string& flag, const std::string& v, const std::map<std::string, E>& choices) {
+  auto it = choices.find(v);
+  if (it != choices.end()) return it->second;
+  std::string names;
+  for (const auto& [name, _] : choices) names += (names.empty() ? "" : ", ") + name;
+  Fail(flag, "must be one of " + names + ", got '" + v + "'");
+}
+
+using Setter = std::function<void(Config&, const std::string& flag, const std::string& value)>;
+
+const std::map<std::string, Setter>& Setters() {
+  static const std::map<std::string, Setter> setters = {
+      {"--model", [](Config& c, auto& f, auto& v) {
+         if (v.empty()) Fail(f, "must not be empty");
+         c.model_dir = v;
+       }},
+      {"--host", [](Config& c, auto& f, auto& v) {
+         if (v.empty()) Fail(f, "must not be empty");
+         c.host = v;
+       }},
+      {"--port", [](Config& c, auto& f, auto& v) { c.port = int(ParseInt(f, v, 0, 65535)); }},
+      {"--metrics-port", [](Config& c, auto& f, auto& v) { c.metrics_port = int(ParseInt(f, v, 0, 65535)); }},
+      {"--port-file", [](Config& c, auto& f, auto& v) {
+         if (v.empty()) Fail(f, "must not be empty");
+         c.port_file = v;
+       }},
+      {"--batching", [](Config& c, auto& f, auto& v) {
+         c.batching = ParseChoice<BatchingMode>(
+             f, v, {{"length_aware", BatchingMode::kLengthAware}, {"fifo", BatchingMode::kFifo}});
+       }},
+      {"--max-batch-size", [](Config& c, auto& f, auto& v) { c.max_batch_size = int(ParseInt(f, v, 1, 1 << 20)); }},
+      {"--max-batch-tokens", [](Config& c, auto& f, auto& v) { c.max_batch_tokens = ParseInt(f, v, 1, INT64_C(1) << 40); }},
+      {"--max-queue-delay-ms", [](Config& c, auto& f, auto& v) { c.max_queue_delay_ms = ParseNumber(f, v, 0); }},
+      {"--max-queue-sequences", [](Config& c, auto& f, auto& v) { c.max_queue_sequences = ParseInt(f, v, 1, INT64_C(1) << 40); }},
+      {"--max-sequences-per-request", [](Config& c, auto& f, auto& v) {
+         c.max_sequences_per_request = int(ParseInt(f, v, 1, 1 << 24));
+       }},
+      {"--max-request-bytes", [](Config& c, auto& f, auto& v) {
+         // gRPC takes an int for the receive limit.
+         c.max_request_bytes = ParseInt(f, v, 1, INT32_MAX);
+       }},
+      {"--intra-op-threads", [](Config& c, auto& f, auto& v) { c.intra_op_threads = int(ParseInt(f, v, 0, 1024)); }},
+      {"--inter-op-threads", [](Config& c, auto& f, auto& v) { c.inter_op_threads = int(ParseInt(f, v, 0, 1024)); }},
+      {"--graph-optimization-level", [](Config& c, auto& f, auto& v) {
+         c.graph_optimization_level = ParseChoice<GraphOptLevel>(
+             f, v, {{"disable", GraphOptLevel::kDisable}, {"basic", GraphOptLevel::kBasic},
+                    {"extended", GraphOptLevel::kExtended}, {"all", GraphOptLevel::kAll}});
+       }},
+      {"--precision", [](Config& c, auto& f, auto& v) {
+         c.precision = ParseChoice<Precision>(f, v, {{"fp32", Precision::kFp32}, {"int8", Precision::kInt8}});
+       }},
+      {"--device", [](Config& c, auto& f, auto& v) {
+         c.device = ParseChoice<Device>(f, v, {{"cpu", Device::kCpu}, {"cuda", Device::kCuda}});
+       }},
+      {"--drain-grace-seconds", [](Config& c, auto& f, auto& v) { c.drain_grace_seconds = ParseNumber(f, v, 0); }},
+  };
+  return setters;
+}
+
+}  // namespace
+
+int64_t Config::max_queue_delay_us() const { return static_cast<int64_t>(std::llround(max_queue_delay_ms * 1000.0)); }
+
+Config ParseConfig(const std::vector<std::string>& args, bool* help_requested) {
+  *help_requested = false;
+  Config c;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      *help_requested = true;
+      return c;
+    }
+    std::string flag = a, value;
+    bool inline_value = false;
+    if (auto eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
+      flag = a.substr(0, eq);
+      value = a.substr(eq + 1);
+      inline_value = true;
+    }
+    auto it = Setters().find(flag);
+    if (it == Setters().end()) throw ConfigError("unknown flag '" + a + "' (see --help)");
+    if (!inline_value) {
+      if (i + 1 >= args.size()) Fail(flag, "missing value");
+      value = args[++i];
+    }
+    it->second(c, flag, value);
+  }
+  return c;
+}
+
+std::string Usage() {
+  return "usage: rmscore-server-cpp [--flag value]...\n"
+         "  --model DIR (models/default)  --host (127.0.0.1)  --port (50051, 0: ephemeral)\n"
+         "  --metrics-port (9100, 0: ephemeral)  --port-file PATH\n"
+         "  --batching length_aware|fifo  --max-batch-size 32  --max-batch-tokens 8192\n"
+         "  --max-queue-delay-ms 2  --max-queue-sequences 4096  --max-sequences-per-request 1024\n"
+         "  --max-request-bytes 16777216  --intra-op-threads 2  --inter-op-threads 1\n"
+         "  --graph-optimization-level disable|basic|extended|all  --precision fp32|int8\n"
+         "  --device cpu|cuda  --drain-grace-seconds 30\n"
+         "See docs/contract.md and docs/cpp_server.md.\n";
+}
+
+const char* ToString(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
+const char* ToString(Precision p) { return p == Precision::kInt8 ? "int8" : "fp32"; }
+
+}  // namespace rmscore

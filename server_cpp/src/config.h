@@ -1,0 +1,54 @@
+// The server's one typed configuration, parsed once from the command line.
+// Flag names and defaults are docs/contract.md's, the same as the Python servers.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace rmscore {
+
+enum class BatchingMode { kLengthAware, kFifo };
+enum class Precision { kFp32, kInt8 };
+enum class Device { kCpu, kCuda };
+enum class GraphOptLevel { kDisable, kBasic, kExtended, kAll };
+
+struct Config {
+  std::string model_dir = "models/default";
+  std::string host = "127.0.0.1";
+  int port = 50051;
+  int metrics_port = 9100;
+  std::string port_file;  // empty: none
+  BatchingMode batching = BatchingMode::kLengthAware;
+  int max_batch_size = 32;
+  int64_t max_batch_tokens = 8192;
+  double max_queue_delay_ms = 2;
+  int64_t max_queue_sequences = 4096;
+  int max_sequences_per_request = 1024;
+  int64_t max_request_bytes = 16777216;
+  int intra_op_threads = 2;
+  int inter_op_threads = 1;
+  GraphOptLevel graph_optimization_level = GraphOptLevel::kAll;
+  Precision precision = Precision::kFp32;
+  Device device = Device::kCpu;
+  double drain_grace_seconds = 30;
+
+  int64_t max_queue_delay_us() const;
+};
+
+// Thrown for a bad flag or value; what() is the message to print, quoting
+// the bad value, e.g. "--max-batch-size: must be >= 1, got 0".
+struct ConfigError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Parses `--flag value` and `--flag=value`. Throws ConfigError. `--help` is
+// reported through *help_requested (no other flags are checked then).
+Config ParseConfig(const std::vector<std::string>& args, bool* help_requested);
+
+std::string Usage();
+const char* ToString(Device d);
+const char* ToString(Precision p);
+
+}  // namespace rmscore

@@ -1,0 +1,155 @@
+// rmscore-server-cpp: start-up, readiness and the SIGTERM drain.
+//
+// Order: flags -> manifest -> metrics endpoint -> gRPC bound (health
+// NOT_SERVING, calls refused "not ready: warming up") -> port file -> model
+// loaded and golden self-check -> SERVING. On SIGTERM/SIGINT: NOT_SERVING,
+// new calls refused "not ready: draining", accepted work finished, exit 0.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+#include "batcher.h"
+#include "config.h"
+#include "manifest.h"
+#include "metrics.h"
+#include "model_runner.h"
+#include "service.h"
+
+namespace rmscore {
+namespace {
+
+constexpr const char* kServiceName = "rmscore.v1.RewardModel";
+
+double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Written aside, then renamed, so a reader never sees half a file.
+void WritePortFile(const std::string& path, int port, int metrics_port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << "{\"port\": " << port << ", \"metrics_port\": " << metrics_port << "}\n";
+    if (!out) throw std::runtime_error("cannot write --port-file " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error("cannot rename " + tmp + " to " + path);
+}
+
+void SetHealth(grpc::Server& server, bool serving) {
+  auto* health = server.GetHealthCheckService();
+  health->SetServingStatus("", serving);
+  health->SetServingStatus(kServiceName, serving);
+}
+
+// Blocks until SIGTERM or SIGINT (blocked in every thread since start).
+int WaitForSignal(const sigset_t& signals) {
+  int sig = 0;
+  while (sigwait(&signals, &sig) != 0) {
+  }
+  return sig;
+}
+
+int Run(const Config& cfg, const sigset_t& signals) {
+  const Clock::time_point t0 = Clock::now();
+  const Manifest manifest = LoadManifest(cfg.model_dir);
+  std::string tokenizer_json = ReadFile(manifest.TokenizerPath());
+
+  Metrics metrics(manifest.name, manifest.version);
+  const int metrics_port = metrics.Serve(cfg.host, cfg.metrics_port);
+
+  RewardModelService service(cfg, manifest, std::move(tokenizer_json), &metrics);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(cfg.host + ":" + std::to_string(cfg.port), grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(int(cfg.max_request_bytes));
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    throw std::runtime_error("cannot listen on " + cfg.host + ":" + std::to_string(cfg.port));
+  }
+  SetHealth(*server, false);
+  if (!cfg.port_file.empty()) WritePortFile(cfg.port_file, port, metrics_port);
+  std::cout << "rmscore listening port=" << port << " metrics_port=" << metrics_port << std::endl;
+
+  std::unique_ptr<ModelRunner> runner;
+  try {
+    runner = std::make_unique<ModelRunner>(cfg, manifest);
+    const double diff = runner->SelfCheck(manifest);
+    const double tol = SelfCheckTolerance(cfg.precision);
+    std::cout << "rmscore self-check " << ToString(cfg.precision) << " graph=" << runner->graph_path()
+              << " golden=" << manifest.golden_inputs.size() << " max_abs_diff=" << diff << " tolerance=" << tol
+              << std::endl;
+    if (!(diff <= tol)) {
+      throw std::runtime_error("self-check failed: max abs diff " + std::to_string(diff) + " vs golden exceeds " +
+                               std::to_string(tol));
+    }
+  } catch (...) {
+    server->Shutdown(std::chrono::system_clock::now());
+    throw;
+  }
+  Batcher::Options bopts;
+  bopts.planner = PlannerConfig{cfg.max_batch_size, cfg.max_batch_tokens, cfg.max_queue_delay_us(), cfg.batching};
+  bopts.max_queue_sequences = cfg.max_queue_sequences;
+  bopts.pad_token_id = manifest.pad_token_id;
+  Batcher batcher(bopts, runner.get(), &metrics);
+  service.StartServing(&batcher);
+  SetHealth(*server, true);
+  std::cout << "rmscore ready model=" << manifest.name << " version=" << manifest.version
+            << " device=" << ToString(cfg.device) << " startup_s=" << SecondsSince(t0) << std::endl;
+
+  const int sig = WaitForSignal(signals);
+  const Clock::time_point t_sig = Clock::now();
+  std::cout << "rmscore draining on signal " << sig << std::endl;
+  SetHealth(*server, false);
+  service.StartDraining();
+  // Keep part of the grace for the gRPC and metrics shutdown (~2 s for the latter).
+  const auto grace = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cfg.drain_grace_seconds));
+  const auto reserve = std::min<Clock::duration>(std::chrono::seconds(3), grace / 2);
+  const bool drained = batcher.Drain(t_sig + grace - reserve);
+  batcher.Stop();  // fails what is left (only when not drained), so no call stays open
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+  server->Wait();
+  metrics.StopServing();
+  std::cout << "rmscore stopped drained=" << (drained ? "true" : "false") << " drain_s=" << SecondsSince(t_sig)
+            << std::endl;
+  return 0;
+}
+
+}  // namespace
+}  // namespace rmscore
+
+int main(int argc, char** argv) {
+  // Block the stop signals in every thread (threads inherit the mask); the
+  // main thread takes them with sigwait once serving.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  rmscore::Config cfg;
+  try {
+    bool help = false;
+    cfg = rmscore::ParseConfig(std::vector<std::string>(argv + 1, argv + argc), &help);
+    if (help) {
+      std::cout << rmscore::Usage();
+      return 0;
+    }
+  } catch (const rmscore::ConfigError& e) {
+    std::cerr << "rmscore-server-cpp: " << e.what() << std::endl;
+    return 2;
+  }
+  try {
+    return rmscore::Run(cfg, signals);
+  } catch (const std::exception& e) {
+    std::cerr << "rmscore-server-cpp: " << e.what() << std::endl;
+    return 1;
+  }
+}

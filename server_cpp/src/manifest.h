@@ -1,0 +1,35 @@
+// The model repository's manifest.json (written by `rmscore export`), read
+// once at start. Missing or mistyped keys fail start with the key's name.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config.h"
+
+namespace rmscore {
+
+struct Manifest {
+  std::string dir;
+  std::string name, version, architecture, family, pooling;
+  int64_t max_sequence_length = 0;
+  int64_t pad_token_id = 0;
+  int64_t vocab_size = 0;
+  std::vector<std::string> inputs;  // ["input_ids", "attention_mask"]
+  std::string output;               // "scores"
+  std::string graph_fp32, graph_int8;
+  std::string tokenizer_file, text_format;
+  std::vector<std::vector<int64_t>> golden_inputs;
+  std::vector<float> golden_scores;
+
+  std::string GraphPath(Precision p) const;
+  std::string TokenizerPath() const;
+};
+
+// Throws std::runtime_error naming the file and key.
+Manifest LoadManifest(const std::string& model_dir);
+
+std::string ReadFile(const std::string& path);  // throws std::runtime_error
+
+}  // namespace rmscore

@@ -1,0 +1,96 @@
+#include "model_runner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+namespace rmscore {
+namespace {
+
+GraphOptimizationLevel OrtLevel(GraphOptLevel l) {
+  switch (l) {
+    case GraphOptLevel::kDisable: return ORT_DISABLE_ALL;
+    case GraphOptLevel::kBasic: return ORT_ENABLE_BASIC;
+    case GraphOptLevel::kExtended: return ORT_ENABLE_EXTENDED;
+    case GraphOptLevel::kAll: break;
+  }
+  return ORT_ENABLE_ALL;
+}
+
+// --device cuda must use the GPU or fail start: never fall back to CPU.
+void AppendCuda(Ort::SessionOptions& opts) {
+  const auto providers = Ort::GetAvailableProviders();
+  if (std::find(providers.begin(), providers.end(), "CUDAExecutionProvider") == providers.end()) {
+    std::string have;
+    for (const auto& p : providers) have += (have.empty() ? "" : ", ") + p;
+    throw std::runtime_error(
+        "--device cuda: this ONNX Runtime library has no CUDAExecutionProvider (it has: " + have +
+        "); build with RMSCORE_ORT_GPU=1 scripts/setup_ort_sdk.sh (see docs/cpp_server.md)");
+  }
+  OrtCUDAProviderOptions cuda{};
+  cuda.device_id = 0;
+  try {
+    opts.AppendExecutionProvider_CUDA(cuda);
+  } catch (const Ort::Exception& e) {
+    throw std::runtime_error(std::string("--device cuda: the CUDA execution provider failed to load: ") + e.what());
+  }
+}
+
+}  // namespace
+
+double SelfCheckTolerance(Precision p) { return p == Precision::kInt8 ? 1e-1 : 1e-5; }
+
+ModelRunner::ModelRunner(const Config& cfg, const Manifest& manifest)
+    : env_(ORT_LOGGING_LEVEL_WARNING, "rmscore"),
+      cpu_mem_(Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault)),
+      graph_path_(manifest.GraphPath(cfg.precision)),
+      input_names_(manifest.inputs),
+      output_name_(manifest.output) {
+  Ort::SessionOptions opts;
+  opts.SetGraphOptimizationLevel(OrtLevel(cfg.graph_optimization_level));
+  opts.SetIntraOpNumThreads(cfg.intra_op_threads);
+  opts.SetInterOpNumThreads(cfg.inter_op_threads);
+  // One run at a time from one worker thread: sequential execution.
+  opts.SetExecutionMode(ORT_SEQUENTIAL);
+  if (cfg.device == Device::kCuda) AppendCuda(opts);
+  session_ = Ort::Session(env_, graph_path_.c_str(), opts);
+}
+
+std::vector<float> ModelRunner::Run(const PackedBatch& batch) {
+  const int64_t shape[2] = {batch.batch, batch.longest};
+  // The tensors borrow the batch's buffers: no copy. Ort takes non-const data.
+  Ort::Value inputs[2] = {
+      Ort::Value::CreateTensor<int64_t>(cpu_mem_, const_cast<int64_t*>(batch.input_ids.data()),
+                                        batch.input_ids.size(), shape, 2),
+      Ort::Value::CreateTensor<int64_t>(cpu_mem_, const_cast<int64_t*>(batch.attention_mask.data()),
+                                        batch.attention_mask.size(), shape, 2),
+  };
+  const char* in_names[2] = {input_names_[0].c_str(), input_names_[1].c_str()};
+  const char* out_names[1] = {output_name_.c_str()};
+  auto outputs = session_.Run(Ort::RunOptions{nullptr}, in_names, inputs, 2, out_names, 1);
+  const auto info = outputs[0].GetTensorTypeAndShapeInfo();
+  if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || info.GetElementCount() != size_t(batch.batch)) {
+    throw std::runtime_error("output '" + output_name_ + "' is not float32 [" + std::to_string(batch.batch) + "]");
+  }
+  const float* data = outputs[0].GetTensorData<float>();
+  return std::vector<float>(data, data + batch.batch);
+}
+
+double ModelRunner::SelfCheck(const Manifest& m) {
+  double max_diff = 0;
+  auto check = [&](float got, float want) {
+    const double d = std::fabs(double(got) - double(want));
+    max_diff = std::max(max_diff, std::isfinite(d) ? d : INFINITY);
+  };
+  std::vector<SeqView> all;
+  for (size_t i = 0; i < m.golden_inputs.size(); ++i) {
+    const auto& ids = m.golden_inputs[i];
+    all.push_back(SeqView{ids.data(), int64_t(ids.size())});
+    check(Run(Pack({all.back()}, m.pad_token_id))[0], m.golden_scores[i]);
+  }
+  const std::vector<float> batched = Run(Pack(all, m.pad_token_id));
+  for (size_t i = 0; i < batched.size(); ++i) check(batched[i], m.golden_scores[i]);
+  return max_diff;
+}
+
+}  // namespace rmscore

@@ -1,0 +1,40 @@
+// The batching policy as a pure function: server_py/rmscore/planner.py in C++,
+// held to the same vectors (tests/data/batching_vectors.json). Integer
+// microseconds everywhere so both implementations decide identically.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "config.h"
+
+namespace rmscore {
+
+struct PlannerConfig {
+  int64_t max_batch_size = 32;
+  int64_t max_batch_tokens = 8192;
+  int64_t max_queue_delay_us = 2000;
+  BatchingMode mode = BatchingMode::kLengthAware;
+};
+
+// One queued sequence. No deadline: std::nullopt.
+struct Waiting {
+  uint64_t id = 0;
+  int64_t arrival_us = 0;
+  int64_t length = 0;
+  std::optional<int64_t> deadline_us;
+};
+
+struct Decision {
+  std::vector<uint64_t> expired;  // deadline passed: remove, fail their requests
+  std::vector<uint64_t> batch;    // run now, in queue order; empty when waiting
+  // When `batch` is empty: microseconds until the next call is due
+  // (nullopt: nothing waits, sleep until something arrives).
+  std::optional<int64_t> wait_us;
+};
+
+// `queue` is in arrival order; ids are unique.
+Decision Plan(const std::vector<Waiting>& queue, int64_t now_us, const PlannerConfig& cfg);
+
+}  // namespace rmscore
