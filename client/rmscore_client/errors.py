@@ -1,0 +1,99 @@
+"""Typed errors: every failure a client call can raise is a `RewardServerError`.
+
+`.code` is the gRPC status name (the HTTP client maps its JSON error body and
+status to the same names), `.message` the server's message, which names the
+field and quotes the bad value (see docs/contract.md).
+"""
+
+from __future__ import annotations
+
+import grpc
+
+RETRYABLE = frozenset({"UNAVAILABLE", "RESOURCE_EXHAUSTED"})
+
+
+class RewardServerError(Exception):
+    """A call failed; `.code` is the status name (e.g. "INVALID_ARGUMENT"), `.message` the reason."""
+
+    code: str = "UNKNOWN"
+
+    def __init__(self, code: str, message: str, *, attempts: int = 1, item_id=None):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        #: How many times the call was sent before this error was final.
+        self.attempts = attempts
+        #: In `stream(...)`, the caller's id of the item that failed.
+        self.item_id = item_id
+
+    @property
+    def retryable(self) -> bool:
+        return self.code in RETRYABLE
+
+
+class InvalidInput(RewardServerError):
+    """INVALID_ARGUMENT: the request is wrong (bad token id, too long, empty...). Never retried."""
+
+
+class Overloaded(RewardServerError):
+    """RESOURCE_EXHAUSTED: the server's queue is full. Retried with backoff."""
+
+
+class MessageTooLarge(RewardServerError):
+    """RESOURCE_EXHAUSTED because one message exceeds the size limit: not transient, never retried
+    (use a smaller `chunk_size`)."""
+
+    @property
+    def retryable(self) -> bool:
+        return False
+
+
+class Unavailable(RewardServerError):
+    """UNAVAILABLE: no replica reachable, warming up, or draining. Retried with backoff."""
+
+
+class DeadlineExceeded(RewardServerError):
+    """DEADLINE_EXCEEDED: the call's deadline passed before the scores were made. Not retried."""
+
+
+class Cancelled(RewardServerError):
+    """CANCELLED."""
+
+
+class InternalError(RewardServerError):
+    """INTERNAL / UNKNOWN: the model or server failed. Not retried."""
+
+
+_BY_CODE = {
+    "INVALID_ARGUMENT": InvalidInput,
+    "RESOURCE_EXHAUSTED": Overloaded,
+    "UNAVAILABLE": Unavailable,
+    "DEADLINE_EXCEEDED": DeadlineExceeded,
+    "CANCELLED": Cancelled,
+    "INTERNAL": InternalError,
+    "UNKNOWN": InternalError,
+}
+
+# Status numbers (google.rpc.Code) as carried in ScoreStreamResponse.error.code.
+_BY_NUMBER = {sc.value[0]: sc.name for sc in grpc.StatusCode}
+
+
+def _is_size_error(code: str, message: str) -> bool:
+    return code == "RESOURCE_EXHAUSTED" and ("larger than max" in message or "max_request_bytes" in message)
+
+
+def error_for(code: str, message: str, **kw) -> RewardServerError:
+    """The typed error for a status name."""
+    if _is_size_error(code, message):
+        return MessageTooLarge(code, message, **kw)
+    return _BY_CODE.get(code, RewardServerError)(code, message, **kw)
+
+
+def from_rpc_error(e: grpc.RpcError, **kw) -> RewardServerError:
+    code = e.code()
+    name = code.name if code is not None else "UNKNOWN"
+    return error_for(name, e.details() or "", **kw)
+
+
+def from_status_number(number: int, message: str, **kw) -> RewardServerError:
+    return error_for(_BY_NUMBER.get(number, "UNKNOWN"), message, **kw)
