@@ -61,9 +61,10 @@ step_model() {
   .venv/bin/rmscore export --int8
 }
 
-step_apt
-step_venv
-step_stubs
-step_cpp
-step_model
+# RMSCORE_STEPS picks steps (the Docker images use it to run only their part):
+# any of apt,venv,stubs,cpp,model; default all.
+STEPS=${RMSCORE_STEPS:-apt,venv,stubs,cpp,model}
+for s in apt venv stubs cpp model; do
+  case ",$STEPS," in *",$s,"*) "step_$s" ;; esac
+done
 say "done in ${SECONDS} s"

@@ -195,7 +195,7 @@ def _export_into(out: pathlib.Path, model_dir: str | None, name: str, int8: bool
             head = default_model.build_default_checkpoint(hf_out)
             spec = inspect_checkpoint(hf_out)
             hf_model = load_hf_model(hf_out)
-        shutil.copy(hf_out / "tokenizer.json", out / "tokenizer.json")
+        _save_plain_tokenizer(hf_out / "tokenizer.json", out / "tokenizer.json")
         module = RewardModule(hf_model, spec).eval()
     with steps.step("scoring golden inputs with PyTorch eager fp32"):
         seqs = golden_inputs(hf_out, spec)
@@ -243,6 +243,17 @@ def _export_into(out: pathlib.Path, model_dir: str | None, name: str, int8: bool
                        for i, (s, g) in enumerate(zip(seqs, golden))],
             "parity": report, "head": head,
         }
+
+
+def _save_plain_tokenizer(src: pathlib.Path, dst: pathlib.Path) -> None:
+    """The repository's tokenizer encodes one sequence as the model scores it: no padding or
+    truncation baked in (MiniLM's file pads to 128), so every client tokenizes identically."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(src))
+    tok.no_padding()
+    tok.no_truncation()
+    tok.save(str(dst))
 
 
 def _strip(p: dict) -> dict:

@@ -1,0 +1,138 @@
+"""Real rmscore servers as child processes on loopback, for every test that needs one.
+
+`start(kind, **flags)` launches a server kind on ephemeral ports (`--port 0
+--metrics-port 0 --port-file F`), waits for the port file, then for readiness
+(gRPC health SERVING, or HTTP /readyz), and returns a `RunningServer`. Only
+the processes started here are ever signalled, by PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import grpc
+import httpx
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MODEL = ROOT / "models" / "default"
+CPP_BINARY = ROOT / "build" / "cpp" / "rmscore-server-cpp"
+RMSCORE = [sys.executable, "-m", "rmscore.cli"]
+
+# kind -> (transport, base command). Every kind gets the same batching and thread flags.
+KINDS = {
+    "cpp-grpc": ("grpc", [str(CPP_BINARY)]),
+    "py-grpc-onnxruntime": ("grpc", RMSCORE + ["serve", "--transport", "grpc", "--backend", "onnxruntime"]),
+    "py-grpc-eager": ("grpc", RMSCORE + ["serve", "--transport", "grpc", "--backend", "eager"]),
+    "py-grpc-compile": ("grpc", RMSCORE + ["serve", "--transport", "grpc", "--backend", "compile"]),
+    "py-http-onnxruntime": ("http", RMSCORE + ["serve", "--transport", "http", "--backend", "onnxruntime"]),
+}
+
+
+def available_kinds() -> list[str]:
+    """Every kind, unless RMSCORE_TEST_KINDS (comma list) narrows it; cpp-grpc needs its binary."""
+    wanted = os.environ.get("RMSCORE_TEST_KINDS")
+    kinds = wanted.split(",") if wanted else list(KINDS)
+    return [k for k in kinds if k != "cpp-grpc" or CPP_BINARY.exists() or wanted]
+
+
+@dataclass
+class RunningServer:
+    kind: str
+    transport: str
+    proc: subprocess.Popen
+    port: int
+    metrics_port: int
+    log_path: pathlib.Path
+    flags: dict = field(default_factory=dict)
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def metrics_text(self) -> str:
+        return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).text
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def stop(self, timeout_s: float = 40) -> int:
+        self.signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+def command(kind: str, model: pathlib.Path = MODEL, **flags) -> list[str]:
+    transport, base = KINDS[kind]
+    args = {"model": str(model), "max_queue_delay_ms": 2, "intra_op_threads": 1, **flags}
+    cmd = list(base)
+    for k, v in args.items():
+        cmd += [f"--{k.replace('_', '-')}", str(v)]
+    return cmd
+
+
+def start(kind: str, ready_timeout_s: float = 400, wait_ready: bool = True, **flags) -> RunningServer:
+    transport, _ = KINDS[kind]
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"rmscore-{kind}-"))
+    port_file, log_path = tmp / "ports.json", tmp / "server.log"
+    cmd = command(kind, port=0, metrics_port=0, port_file=port_file, **flags)
+    log = open(log_path, "w")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    deadline = time.monotonic() + ready_timeout_s
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"{kind} did not bind (exit {proc.poll()}):\n{log_path.read_text()}")
+        time.sleep(0.05)
+    ports = json.loads(port_file.read_text())
+    server = RunningServer(kind, transport, proc, ports["port"], ports["metrics_port"], log_path, flags)
+    if wait_ready:
+        try:
+            wait_until_ready(server, deadline)
+        except Exception:
+            server.stop(5)
+            raise
+    return server
+
+
+def is_ready(server: RunningServer) -> bool:
+    if server.transport == "http":
+        try:
+            return httpx.get(server.base_url + "/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+    with grpc.insecure_channel(server.target) as ch:
+        try:
+            r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+        except grpc.RpcError:
+            return False
+    return r.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def wait_until_ready(server: RunningServer, deadline: float) -> None:
+    while not is_ready(server):
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"{server.kind} exited with {server.proc.returncode}:\n{server.log()}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{server.kind} not ready in time:\n{server.log()}")
+        time.sleep(0.1)
