@@ -24,7 +24,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "default"
-CPP_BINARY = ROOT / "build" / "cpp" / "rmscore-server-cpp"
+# RMSCORE_CPP_BINARY points the suites at another build (the sanitizer one in scripts/test.sh).
+CPP_BINARY = ROOT / os.environ.get("RMSCORE_CPP_BINARY", "build/cpp/rmscore-server-cpp")
 RMSCORE = [sys.executable, "-m", "rmscore.cli"]
 
 # kind -> (transport, base command). Every kind gets the same batching and thread flags.
