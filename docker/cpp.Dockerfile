@@ -1,0 +1,61 @@
+# syntax=docker/dockerfile:1
+# rmscore C++ gRPC server (build/cpp/rmscore-server-cpp).
+#
+# Build stage: scripts/setup.sh, the same script as a local set-up, runs its
+# `apt` and `cpp` steps (Debian packages, the ONNX Runtime SDK pinned by
+# scripts/setup_ort_sdk.sh, CMake + Ninja via scripts/build_cpp.sh), then the
+# gRPC health probe is built against the same gRPC. Runtime stage: a slim base
+# with the binary, the pinned libonnxruntime at the path in the binary's
+# RUNPATH, and the shared libraries the build linked (collect_runtime_libs.sh).
+#
+#   docker build -f docker/cpp.Dockerfile -t rmscore-cpp .
+#   GPU (compose profile `gpu`): --build-arg RMSCORE_GPU=1
+#     --build-arg BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+#   (the library then comes from onnxruntime-gpu, with its CUDA provider; CUDA
+#   and cuDNN from the base image; start the server with --device cuda)
+ARG BUILD_IMAGE=debian:bookworm-slim
+ARG BASE_IMAGE=debian:bookworm-slim
+
+FROM ${BUILD_IMAGE} AS build
+ARG RMSCORE_GPU=0
+ARG RMSCORE_BUILD_JOBS=4
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /opt/rmscore
+# Only what the C++ build reads (server_cpp/CMakeLists.txt: RMSCORE_ROOT/...).
+COPY scripts/ scripts/
+COPY proto/ proto/
+COPY server_cpp/ server_cpp/
+COPY server_py/rmscore/metrics.json server_py/rmscore/metrics.json
+COPY tests/data/batching_vectors.json tests/data/batching_vectors.json
+COPY docker/healthcheck/ docker/healthcheck/
+COPY docker/collect_runtime_libs.sh docker/collect_runtime_libs.sh
+# setup_ort_sdk.sh downloads the pinned wheel with .venv/bin/pip when there is
+# one, else `python3 -m pip`, which Debian's python3 lacks: a bare venv gives it
+# pip without installing the Python requirements this image does not need.
+RUN RMSCORE_STEPS=apt scripts/setup.sh \
+ && python3 -m venv .venv \
+ && RMSCORE_STEPS=cpp RMSCORE_ORT_GPU="${RMSCORE_GPU}" RMSCORE_BUILD_JOBS="${RMSCORE_BUILD_JOBS}" scripts/setup.sh \
+ && docker/healthcheck/build.sh build/healthcheck \
+ && docker/collect_runtime_libs.sh /opt/rmscore/lib build/cpp/rmscore-server-cpp build/healthcheck/grpc_health_probe \
+ && build/cpp/rmscore-tests --gtest_brief=1
+
+FROM ${BASE_IMAGE} AS runtime
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN useradd --system --uid 10001 --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin rmscore \
+ && mkdir -p /opt/rmscore/models \
+ && chown rmscore:rmscore /opt/rmscore/models
+WORKDIR /opt/rmscore
+COPY --from=build /opt/rmscore/third_party/onnxruntime/lib/ /opt/rmscore/third_party/onnxruntime/lib/
+COPY --from=build /opt/rmscore/lib/ /opt/rmscore/lib/
+COPY --from=build /opt/rmscore/build/cpp/rmscore-server-cpp /opt/rmscore/bin/rmscore-server-cpp
+COPY --from=build /opt/rmscore/build/healthcheck/grpc_health_probe /opt/rmscore/bin/grpc_health_probe
+ENV LD_LIBRARY_PATH=/opt/rmscore/lib PATH=/opt/rmscore/bin:${PATH}
+USER 10001:10001
+# models/default comes from the model-export job (docker-compose.yml) through a volume.
+EXPOSE 50051 9100
+HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \
+  CMD ["grpc_health_probe", "127.0.0.1:50051"]
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["rmscore-server-cpp"]
+CMD ["--model", "/opt/rmscore/models/default", "--host", "0.0.0.0", "--port", "50051", "--metrics-port", "9100"]

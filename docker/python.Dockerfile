@@ -1,0 +1,59 @@
+# syntax=docker/dockerfile:1
+# rmscore Python image: the Python servers (`rmscore serve`, gRPC on the eager,
+# compile and onnxruntime backends, and HTTP), the one-shot model-export job
+# (`scripts/setup.sh` step `model`) and Locust (loadtest/).
+#
+# Build stage: scripts/setup.sh, the same script as a local set-up, runs its
+# `apt`, `venv` and `stubs` steps (Debian packages, .venv from
+# requirements.lock, the generated gRPC stubs). Runtime stage: the venv and the
+# sources it points at, Python, and the C++ compiler torch.compile (the
+# `compile` backend) needs at run time; no build-only packages.
+#
+#   docker build -f docker/python.Dockerfile -t rmscore-python .
+#   GPU (compose profile `gpu`): --build-arg RMSCORE_GPU=1
+#     --build-arg BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+#   (setup.sh then installs onnxruntime-gpu; torch comes from PyPI's CUDA build)
+ARG BASE_IMAGE=debian:bookworm-slim
+
+FROM ${BASE_IMAGE} AS build
+ARG RMSCORE_GPU=0
+# torch==2.13.0 from PyPI is the CUDA build (GBs of libraries); the CPU image
+# takes the CPU wheel of the same version from PyTorch's index.
+ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /opt/rmscore
+COPY scripts/ scripts/
+COPY requirements.lock pyproject.toml ./
+COPY proto/ proto/
+COPY server_py/ server_py/
+COPY client/ client/
+COPY loadtest/ loadtest/
+COPY docker/healthcheck/healthcheck.py docker/healthcheck/healthcheck.py
+RUN --mount=type=cache,target=/root/.cache/pip \
+    if [ "${RMSCORE_GPU}" != 1 ]; then export PIP_EXTRA_INDEX_URL="${TORCH_CPU_INDEX}"; fi \
+ && RMSCORE_GPU="${RMSCORE_GPU}" RMSCORE_STEPS=apt,venv,stubs scripts/setup.sh \
+ && .venv/bin/python -c "import rmscore.v1.reward_pb2_grpc, grpc_health.v1.health_pb2, onnxruntime, torch; print('torch', torch.__version__, 'ort', onnxruntime.__version__, onnxruntime.get_available_providers())"
+
+FROM ${BASE_IMAGE} AS runtime
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# python3: the interpreter the venv was made with (same base, same package);
+# g++ and python3-dev: torch.compile's inductor compiles C++ kernels at run time.
+# Versions come with the base image's release; pinning each would only break
+# the build at the next Debian point release.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-dev g++ ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 --user-group --create-home --home-dir /home/rmscore --shell /usr/sbin/nologin rmscore \
+ && mkdir -p /opt/rmscore/models \
+ && chown rmscore:rmscore /opt/rmscore/models
+WORKDIR /opt/rmscore
+COPY --from=build /opt/rmscore/ /opt/rmscore/
+ENV PATH=/opt/rmscore/.venv/bin:${PATH} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+USER 10001:10001
+EXPOSE 50051 9100 8000 8089
+HEALTHCHECK --interval=10s --timeout=5s --start-period=300s --retries=3 \
+  CMD ["python", "docker/healthcheck/healthcheck.py", "grpc", "127.0.0.1:50051"]
+STOPSIGNAL SIGTERM
+CMD ["rmscore", "serve", "--transport", "grpc", "--backend", "onnxruntime", "--model", "/opt/rmscore/models/default", "--host", "0.0.0.0", "--port", "50051", "--metrics-port", "9100"]
