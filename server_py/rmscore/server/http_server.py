@@ -118,6 +118,7 @@ def create_app(core: ScoringCore) -> FastAPI:
     async def metrics():
         return Response(generate_latest(core.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    __import__("rmscore.server.openrlhf", fromlist=["register"]).register(app, core)  # OpenRLHF POST /get_reward
     return app
 
 
