@@ -18,24 +18,14 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-import grpc
 import httpx
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from rmscore import launch
+
+ROOT = launch.ROOT
 MODEL = ROOT / "models" / "default"
-# RMSCORE_CPP_BINARY points the suites at another build (the sanitizer one in scripts/test.sh).
-CPP_BINARY = ROOT / os.environ.get("RMSCORE_CPP_BINARY", "build/cpp/rmscore-server-cpp")
-RMSCORE = [sys.executable, "-m", "rmscore.cli"]
-
-# kind -> (transport, base command). Every kind gets the same batching and thread flags.
-KINDS = {
-    "cpp-grpc": ("grpc", [str(CPP_BINARY)]),
-    "py-grpc-onnxruntime": ("grpc", RMSCORE + ["serve", "--transport", "grpc", "--backend", "onnxruntime"]),
-    "py-grpc-eager": ("grpc", RMSCORE + ["serve", "--transport", "grpc", "--backend", "eager"]),
-    "py-grpc-compile": ("grpc", RMSCORE + ["serve", "--transport", "grpc", "--backend", "compile"]),
-    "py-http-onnxruntime": ("http", RMSCORE + ["serve", "--transport", "http", "--backend", "onnxruntime"]),
-}
+CPP_BINARY = launch.CPP_BINARY
+KINDS = launch.KINDS
 
 
 def available_kinds() -> list[str]:
@@ -83,16 +73,12 @@ class RunningServer:
 
 
 def command(kind: str, model: pathlib.Path = MODEL, **flags) -> list[str]:
-    transport, base = KINDS[kind]
-    args = {"model": str(model), "max_queue_delay_ms": 2, "intra_op_threads": 1, **flags}
-    cmd = list(base)
-    for k, v in args.items():
-        cmd += [f"--{k.replace('_', '-')}", str(v)]
-    return cmd
+    """Every kind gets the same batching and thread flags unless a test says otherwise."""
+    return launch.command(kind, **{"model": str(model), "max_queue_delay_ms": 2, "intra_op_threads": 1, **flags})
 
 
 def start(kind: str, ready_timeout_s: float = 400, wait_ready: bool = True, **flags) -> RunningServer:
-    transport, _ = KINDS[kind]
+    transport = launch.transport(kind)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"rmscore-{kind}-"))
     port_file, log_path = tmp / "ports.json", tmp / "server.log"
     cmd = command(kind, port=0, metrics_port=0, port_file=port_file, **flags)
@@ -117,23 +103,8 @@ def start(kind: str, ready_timeout_s: float = 400, wait_ready: bool = True, **fl
 
 
 def is_ready(server: RunningServer) -> bool:
-    if server.transport == "http":
-        try:
-            return httpx.get(server.base_url + "/readyz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-    with grpc.insecure_channel(server.target) as ch:
-        try:
-            r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
-        except grpc.RpcError:
-            return False
-    return r.status == health_pb2.HealthCheckResponse.SERVING
+    return launch.is_ready(server.kind, server.port)
 
 
 def wait_until_ready(server: RunningServer, deadline: float) -> None:
-    while not is_ready(server):
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"{server.kind} exited with {server.proc.returncode}:\n{server.log()}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{server.kind} not ready in time:\n{server.log()}")
-        time.sleep(0.1)
+    launch.wait_ready(server.kind, server.port, server.proc, deadline, server.log_path)

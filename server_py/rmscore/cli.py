@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 
@@ -18,10 +19,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rmscore", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _export_parser(sub)
-    for extra in ("rmscore.server.cli", "rmscore.client.cli", "rmscore.bench.cli"):
+    for extra in ("rmscore.server.cli", "rmscore.stack", "rmscore.client.cli", "rmscore.bench.cli"):
         try:
-            module = __import__(extra, fromlist=["add_parsers"])
-        except ImportError:
+            module = importlib.import_module(extra)
+        except ModuleNotFoundError as e:
+            if e.name != extra:  # a missing dependency is an error, not an absent component
+                raise
             continue
         module.add_parsers(sub)
     return parser
