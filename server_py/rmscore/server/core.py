@@ -43,6 +43,8 @@ class ScoringCore:
         self.batcher: Batcher | None = None
         self.backend = None
         self._on_state: list = []
+        # Serialises the warm-up's "now SERVING" against SIGTERM's "now DRAINING".
+        self._state_lock = threading.Lock()
 
     # ---- start-up -------------------------------------------------------------------------
     def start_loading(self, on_state) -> None:
@@ -65,8 +67,12 @@ class ScoringCore:
             backends.progress(f"FAILED to start: {e}")
             self._set_state(FAILED)
             return
+        with self._state_lock:
+            if self.state != WARMING_UP:  # SIGTERM came during warm-up: stay draining
+                self.batcher.begin_drain()
+                return
+            self._set_state(SERVING)
         backends.progress(f"ready: SERVING after {time.perf_counter() - t0:.1f} s")
-        self._set_state(SERVING)
 
     def _score(self, input_ids, attention_mask):
         scores = self.backend.score(input_ids, attention_mask)
@@ -113,9 +119,10 @@ class ScoringCore:
 
     # ---- shutdown -------------------------------------------------------------------------
     def begin_drain(self) -> None:
-        self._set_state(DRAINING)
-        if self.batcher:
-            self.batcher.begin_drain()
+        with self._state_lock:
+            self._set_state(DRAINING)
+            if self.batcher:
+                self.batcher.begin_drain()
 
     def wait_drained(self) -> bool:
         return self.batcher.wait_idle(self.cfg.drain_grace_seconds) if self.batcher else True

@@ -143,16 +143,21 @@ async def serve(cfg: ServeConfig) -> int:
     core.start_loading(lambda s: asyncio.run_coroutine_threadsafe(set_health(s), loop))
 
     stop = asyncio.Event()
+
+    def on_signal() -> None:
+        if not stop.is_set():
+            core.begin_drain()  # refuse new work from this instant, before anything else runs
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     done, _ = await asyncio.wait([asyncio.create_task(stop.wait()), asyncio.create_task(failed.wait())],
                                  return_when=asyncio.FIRST_COMPLETED)
     if failed.is_set() and not stop.is_set():
         await server.stop(0)
         metrics_server.shutdown()
         return 1
-    # Drain: NOT_SERVING first, refuse new work, finish what was accepted, then go.
-    core.begin_drain()
+    # Drain: NOT_SERVING, new work refused (on_signal), finish what was accepted, then go.
     await set_health("draining")
     drained = await asyncio.to_thread(core.wait_drained)
     await server.stop(grace=1.0)
