@@ -1,6 +1,7 @@
 #include "batcher.h"
 
 #include <algorithm>
+#include <stdexcept>
 #include <unordered_set>
 
 namespace rmscore {
@@ -14,8 +15,8 @@ Job::Job(std::vector<SeqView> seqs, std::optional<Clock::time_point> deadline, s
          Done done)
     : seqs_(std::move(seqs)), deadline_(deadline), keepalive_(std::move(keepalive)), done_(std::move(done)) {}
 
-Batcher::Batcher(const Options& opts, ModelRunner* runner, Metrics* metrics)
-    : opts_(opts), runner_(runner), metrics_(metrics) {
+Batcher::Batcher(const Options& opts, BatchModel model, Metrics* metrics, std::function<void()> abort)
+    : opts_(opts), model_(std::move(model)), abort_(std::move(abort)), metrics_(metrics) {
   batcher_thread_ = std::thread([this] { BatcherLoop(); });
   worker_thread_ = std::thread([this] { WorkerLoop(); });
 }
@@ -74,6 +75,7 @@ void Batcher::Stop() {
   }
   batcher_cv_.notify_all();
   worker_cv_.notify_all();
+  if (abort_) abort_();
   if (batcher_thread_.joinable()) batcher_thread_.join();
   if (worker_thread_.joinable()) worker_thread_.join();
   // Both threads are gone: whatever is still queued or built fails, once.
@@ -203,7 +205,7 @@ void Batcher::WorkerLoop() {
   std::unique_lock<std::mutex> lk(mu_);
   while (true) {
     worker_cv_.wait(lk, [this] { return ready_.has_value() || stopping_; });
-    if (!ready_) return;  // stopping, nothing built
+    if (stopping_) return;  // Stop fails what is built
     Batch b = std::move(*ready_);
     ready_.reset();
     batcher_cv_.notify_one();  // the batcher may build the next batch now
@@ -221,7 +223,11 @@ void Batcher::RunBatch(Batch& b) {
   std::vector<float> scores;
   grpc::Status error;
   try {
-    scores = runner_->Run(b.packed);
+    scores = model_(b.packed);
+    if (scores.size() != b.seqs.size()) {
+      throw std::runtime_error("model returned " + std::to_string(scores.size()) + " scores for " +
+                               std::to_string(b.seqs.size()) + " sequences");
+    }
   } catch (const std::exception& e) {
     error = grpc::Status(grpc::StatusCode::INTERNAL, std::string("batch failed: ") + e.what());
   }

@@ -23,7 +23,6 @@
 #include <vector>
 
 #include "metrics.h"
-#include "model_runner.h"
 #include "planner.h"
 #include "validation.h"
 
@@ -63,6 +62,10 @@ class Job {
   double inference_ms_ = 0;
 };
 
+// Scores one packed batch (batch.batch floats) or throws; the batcher calls
+// it from its worker thread only. The server passes ModelRunner::Run.
+using BatchModel = std::function<std::vector<float>(const PackedBatch&)>;
+
 class Batcher {
  public:
   struct Options {
@@ -70,7 +73,8 @@ class Batcher {
     int64_t max_queue_sequences = 4096;
     int64_t pad_token_id = 0;
   };
-  Batcher(const Options& opts, ModelRunner* runner, Metrics* metrics);
+  // `abort` (optional) makes a model run in progress fail; Stop uses it.
+  Batcher(const Options& opts, BatchModel model, Metrics* metrics, std::function<void()> abort = nullptr);
   ~Batcher();
 
   // Accepts the job (then its done callback runs exactly once, later) or
@@ -82,7 +86,8 @@ class Batcher {
   // Refuses new jobs from now on; waits until every accepted job is finished
   // or `deadline` passes. True when drained.
   bool Drain(Clock::time_point deadline);
-  // Stops both threads; jobs still queued fail with UNAVAILABLE.
+  // Stops both threads: aborts the model run in progress (its requests fail
+  // INTERNAL); jobs still queued or built fail with UNAVAILABLE.
   void Stop();
 
  private:
@@ -112,7 +117,8 @@ class Batcher {
   int64_t NowUs() const;
 
   const Options opts_;
-  ModelRunner* const runner_;
+  const BatchModel model_;
+  const std::function<void()> abort_;
   Metrics* const metrics_;
   const Clock::time_point epoch_ = Clock::now();
 

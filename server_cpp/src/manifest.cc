@@ -64,6 +64,11 @@ Manifest LoadManifest(const std::string& model_dir) {
   for (const json& g : Key(j, "golden", path)) {
     m.golden_inputs.push_back(Get<std::vector<int64_t>>(g, "input_ids", path + " golden"));
     m.golden_scores.push_back(Get<float>(g, "score", path + " golden"));
+    if (g.contains("score_int8")) m.golden_scores_int8.push_back(Get<float>(g, "score_int8", path + " golden"));
+  }
+  if (m.golden_scores_int8.size() != m.golden_scores.size()) m.golden_scores_int8.clear();
+  if (j.contains("parity") && j["parity"].contains("int8") && j["parity"]["int8"].contains("self_check_tolerance")) {
+    m.int8_self_check_tolerance = Get<double>(j["parity"]["int8"], "self_check_tolerance", path + " parity.int8");
   }
   if (m.inputs != std::vector<std::string>{"input_ids", "attention_mask"}) {
     throw std::runtime_error(path + ": inputs must be [\"input_ids\", \"attention_mask\"]");

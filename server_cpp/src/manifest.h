@@ -21,7 +21,12 @@ struct Manifest {
   std::string graph_fp32, graph_int8;
   std::string tokenizer_file, text_format;
   std::vector<std::vector<int64_t>> golden_inputs;
-  std::vector<float> golden_scores;
+  std::vector<float> golden_scores;       // eager fp32, each scored alone
+  // The int8 graph's own golden scores and the tolerance the exporter set for
+  // them (`golden[].score_int8`, `parity.int8.self_check_tolerance`); empty /
+  // negative when the manifest predates them.
+  std::vector<float> golden_scores_int8;
+  double int8_self_check_tolerance = -1;
 
   std::string GraphPath(Precision p) const;
   std::string TokenizerPath() const;

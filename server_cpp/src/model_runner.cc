@@ -38,7 +38,13 @@ void AppendCuda(Ort::SessionOptions& opts) {
 
 }  // namespace
 
-double SelfCheckTolerance(Precision p) { return p == Precision::kInt8 ? 1e-1 : 1e-5; }
+SelfCheckReference SelfCheckReferenceFor(const Manifest& m, Precision p) {
+  if (p == Precision::kFp32) return {&m.golden_scores, 1e-5, "golden.score"};
+  if (!m.golden_scores_int8.empty() && m.int8_self_check_tolerance >= 0) {
+    return {&m.golden_scores_int8, m.int8_self_check_tolerance, "golden.score_int8"};
+  }
+  return {&m.golden_scores, 1e-1, "golden.score"};
+}
 
 ModelRunner::ModelRunner(const Config& cfg, const Manifest& manifest)
     : env_(ORT_LOGGING_LEVEL_WARNING, "rmscore"),
@@ -67,7 +73,7 @@ std::vector<float> ModelRunner::Run(const PackedBatch& batch) {
   };
   const char* in_names[2] = {input_names_[0].c_str(), input_names_[1].c_str()};
   const char* out_names[1] = {output_name_.c_str()};
-  auto outputs = session_.Run(Ort::RunOptions{nullptr}, in_names, inputs, 2, out_names, 1);
+  auto outputs = session_.Run(run_options_, in_names, inputs, 2, out_names, 1);
   const auto info = outputs[0].GetTensorTypeAndShapeInfo();
   if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || info.GetElementCount() != size_t(batch.batch)) {
     throw std::runtime_error("output '" + output_name_ + "' is not float32 [" + std::to_string(batch.batch) + "]");
@@ -76,7 +82,8 @@ std::vector<float> ModelRunner::Run(const PackedBatch& batch) {
   return std::vector<float>(data, data + batch.batch);
 }
 
-double ModelRunner::SelfCheck(const Manifest& m) {
+double ModelRunner::SelfCheck(const Manifest& m, Precision precision) {
+  const std::vector<float>& ref = *SelfCheckReferenceFor(m, precision).scores;
   double max_diff = 0;
   auto check = [&](float got, float want) {
     const double d = std::fabs(double(got) - double(want));
@@ -86,10 +93,10 @@ double ModelRunner::SelfCheck(const Manifest& m) {
   for (size_t i = 0; i < m.golden_inputs.size(); ++i) {
     const auto& ids = m.golden_inputs[i];
     all.push_back(SeqView{ids.data(), int64_t(ids.size())});
-    check(Run(Pack({all.back()}, m.pad_token_id))[0], m.golden_scores[i]);
+    check(Run(Pack({all.back()}, m.pad_token_id))[0], ref[i]);
   }
   const std::vector<float> batched = Run(Pack(all, m.pad_token_id));
-  for (size_t i = 0; i < batched.size(); ++i) check(batched[i], m.golden_scores[i]);
+  for (size_t i = 0; i < batched.size(); ++i) check(batched[i], ref[i]);
   return max_diff;
 }
 

@@ -24,8 +24,12 @@ class ModelRunner {
   std::vector<float> Run(const PackedBatch& batch);
 
   // Scores every golden input alone and all of them as one padded batch;
-  // returns the largest |score - golden|.
-  double SelfCheck(const Manifest& manifest);
+  // returns the largest |score - reference| (see SelfCheckReference).
+  double SelfCheck(const Manifest& manifest, Precision precision);
+
+  // Makes the run in progress (and any later one) fail at once; for a
+  // shutdown whose drain grace has run out. Thread-safe.
+  void Abort() { run_options_.SetTerminate(); }
 
   const std::string& graph_path() const { return graph_path_; }
 
@@ -33,14 +37,23 @@ class ModelRunner {
   Ort::Env env_;
   Ort::Session session_{nullptr};
   Ort::MemoryInfo cpu_mem_;
+  Ort::RunOptions run_options_;
   std::string graph_path_;
   std::vector<std::string> input_names_;
   std::string output_name_;
 };
 
-// Tolerance the self-check holds a precision to: fp32 graphs must match the
-// eager golden scores to 1e-5; the dynamically quantized int8 graph is
-// checked for gross breakage only, at 1e-1.
-double SelfCheckTolerance(Precision p);
+// What the self-check compares against, and how closely.
+// fp32: the eager golden scores, to 1e-5.
+// int8: the int8 graph's own golden scores (`score_int8`) to the exporter's
+// `parity.int8.self_check_tolerance` when the manifest has them (the Python
+// servers do the same); else the eager golden scores to 1e-1, a gross
+// breakage check only: dynamic quantization moves scores by ~0.5 here.
+struct SelfCheckReference {
+  const std::vector<float>* scores;
+  double tolerance;
+  const char* what;
+};
+SelfCheckReference SelfCheckReferenceFor(const Manifest& m, Precision p);
 
 }  // namespace rmscore
