@@ -269,7 +269,10 @@ def validate_python_server_args(args: list[str]) -> None:
         flags = flag_map(args)
         assert flags["--model"].startswith(f"{APP_DIR}/models/"), flags["--model"]
         local = [model if a == flags["--model"] else a for a in args]
-        parsed = build_parser().parse_args(["serve", *local])
+        try:
+            parsed = build_parser().parse_args(["serve", *local])
+        except SystemExit:
+            raise AssertionError(f"`rmscore serve` rejects {args} (see its message above)") from None
         from_args(parsed)  # raises ConfigError on a bad value
 
 
@@ -278,9 +281,15 @@ def validate_cpp_server_args(args: list[str]) -> None:
     unknown = set(flags) - contract_flags()
     assert not unknown, f"C++ server flags not in docs/contract.md: {sorted(unknown)}"
     if servers.CPP_BINARY.exists():
-        help_text = _run([str(servers.CPP_BINARY), "--help"]).stdout
-        missing = [f for f in flags if f not in help_text]
-        assert not missing, f"rmscore-server-cpp --help does not know {missing}"
+        # The binary checks its flags before it opens the model: given a model
+        # directory whose manifest is empty, a valid command line gets as far as
+        # the manifest and fails there; a bad flag or value fails before it.
+        with tempfile.TemporaryDirectory() as model:
+            (pathlib.Path(model) / "manifest.json").write_text("{}")
+            local = {**flags, "--model": model, "--port": "0", "--metrics-port": "0"}
+            r = _run([str(servers.CPP_BINARY), *[x for kv in local.items() for x in kv]], timeout=60)
+        out = r.stdout + r.stderr
+        assert r.returncode != 0 and "manifest.json" in out, f"rmscore-server-cpp rejects {args}: {out.strip()}"
 
 
 # ---------------------------------------------------------------------------
