@@ -67,6 +67,9 @@ def create_app(core: ScoringCore) -> FastAPI:
     async def malformed(request: Request, exc: RequestValidationError):
         core.metrics.request(Code.INVALID_ARGUMENT.name, None)
         first = exc.errors()[0]
+        if first["type"] == "json_invalid":
+            reason = (first.get("ctx") or {}).get("error", first["msg"])
+            return _error(Code.INVALID_ARGUMENT, f"body: malformed JSON at character {first['loc'][-1]}: {reason}")
         where = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
         return _error(Code.INVALID_ARGUMENT, f"{where}: {first['msg']}")
 
