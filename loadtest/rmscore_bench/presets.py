@@ -64,7 +64,7 @@ PRESETS = {
     # Seconds of measuring (server start-up dominates): for tests of the machinery, not for numbers.
     "tiny": Settings(
         preset="tiny", kinds=("py-grpc-onnxruntime",), batching=("length_aware",), modes=("isolated",),
-        repeats=2, warmup_s=0.5, settle_s=0.2, window_s=1.5, concurrency=(1, 2), open_rate_seq_s=4.0,
+        repeats=2, warmup_s=1.0, settle_s=0.5, window_s=3.0, concurrency=(1, 2), open_rate_seq_s=4.0,
         max_outstanding=16, chunk_size=4, rollout_size=16, rollouts_per_rep=1, lengths="lognormal:48:0.5:16:128",
         inproc_runtimes=("onnxruntime",), inproc_repeats=2, ablation=True, ablation_backend="onnxruntime",
         ablation_rollout_size=24, ablation_repeats=2, parity_set_size=8),

@@ -274,6 +274,8 @@ class Bench:
         async def each(fn):
             return await asyncio.gather(*(fn(client) for client in conns))
 
+        for c, sess, srv in live:
+            sess["measured_from"] = time.time()
         try:
             warm = await each(lambda cl: loadgen.warmup(cl, requests, max(s.concurrency), s.warmup_s))
             for (c, sess, srv), w in zip(live, warm):
@@ -302,6 +304,8 @@ class Bench:
                 sess["rollout"] = r
             bar.step(f"{tag}: rollouts " + " ".join(f"{c.kind}={r['makespan_s_mean']:.2f}s"
                                                     for (c, _, _), r in zip(live, res)))
+            for c, sess, srv in live:
+                sess["measured_to"] = time.time()
         finally:
             for cl in conns:
                 try:
