@@ -15,6 +15,8 @@ from .planner import MODES, PlannerConfig
 TRANSPORTS = ("grpc", "http")
 BACKENDS = ("eager", "compile", "onnxruntime")
 GRAPH_LEVELS = ("disable", "basic", "extended", "all")
+# fp32 everywhere; int8: ONNX Runtime's quantized graph; bf16/fp16: PyTorch autocast.
+PRECISIONS = ("fp32", "int8", "bf16", "fp16")
 
 
 class ConfigError(ValueError):
@@ -54,9 +56,11 @@ class ServeConfig:
         check(self.batching in MODES, "batching", f"must be one of {MODES}", self.batching)
         check(self.graph_optimization_level in GRAPH_LEVELS, "graph-optimization-level",
               f"must be one of {GRAPH_LEVELS}", self.graph_optimization_level)
-        check(self.precision in ("fp32", "int8"), "precision", "must be fp32 or int8", self.precision)
-        check(self.precision == "fp32" or self.backend == "onnxruntime", "precision",
+        check(self.precision in PRECISIONS, "precision", f"must be one of {PRECISIONS}", self.precision)
+        check(self.precision != "int8" or self.backend == "onnxruntime", "precision",
               "int8 needs --backend onnxruntime", self.precision)
+        check(self.precision not in ("bf16", "fp16") or self.backend != "onnxruntime", "precision",
+              "bf16/fp16 autocast needs --backend eager or compile", self.precision)
         check(self.device in ("cpu", "cuda"), "device", "must be cpu or cuda", self.device)
         for flag, value in (("port", self.port), ("metrics-port", self.metrics_port)):
             check(0 <= value <= 65535, flag, "must be a port number 0..65535 (0: ephemeral)", value)

@@ -20,6 +20,9 @@ from ..modeling import pad_batch
 TOLERANCE = {"eager": 1e-5, "onnxruntime": 1e-5,
              # Inductor reorders float reductions; 1e-4 is ~1e-4 reward std on the calibrated head.
              "compile": 1e-4}
+# Reduced-precision autocast against fp32 eager, in reward units (the default head has std 1).
+# Measured on the default model on CPU: bf16 1.5e-2, fp16 2.1e-3.
+AUTOCAST_TOLERANCE = {"bf16": 5e-2, "fp16": 1e-2}
 
 
 class Backend(Protocol):
@@ -47,7 +50,7 @@ def create(cfg: ServeConfig, repo: ModelRepo) -> Backend:
 def self_check(backend: Backend, repo: ModelRepo, precision: str) -> float:
     """Golden inputs each alone and all as one padded batch; raises past the tolerance."""
     seqs, golden = repo.golden()
-    tol = TOLERANCE[backend.name]
+    tol = AUTOCAST_TOLERANCE.get(precision, TOLERANCE[backend.name])
     if precision == "int8":
         golden = [g["score_int8"] for g in repo.manifest["golden"]]
         tol = repo.manifest["parity"]["int8"]["self_check_tolerance"]

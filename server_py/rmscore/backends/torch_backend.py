@@ -35,6 +35,7 @@ class TorchBackend:
                                f"(torch {torch.__version__}, cuda build: {torch.version.cuda}); "
                                "not falling back to the CPU")
         self.device = torch.device(cfg.device)
+        self._autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
         _set_threads(cfg.intra_op_threads, cfg.inter_op_threads)
         progress(f"loading {repo.hf_dir} into PyTorch {torch.__version__} ({self.name}, {cfg.device})")
         spec = inspect_checkpoint(repo.hf_dir)
@@ -54,7 +55,8 @@ class TorchBackend:
     def score(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         ids = torch.from_numpy(input_ids).to(self.device)
         mask = torch.from_numpy(attention_mask).to(self.device)
-        return self._fn(ids, mask).float().cpu().numpy()
+        with torch.autocast(self.device.type, dtype=self._autocast or torch.float32, enabled=bool(self._autocast)):
+            return self._fn(ids, mask).float().cpu().numpy()
 
     def warmup(self, max_batch_size: int, max_sequence_length: int) -> None:
         # Dynamic shapes specialise on sizes 0 and 1, so warm up each corner once:
