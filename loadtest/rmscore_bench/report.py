@@ -348,6 +348,12 @@ def plots(record: dict, summary: dict, out_dir: pathlib.Path) -> list[pathlib.Pa
     if labels:
         ax.bar(range(len(labels)), means, yerr=errs, color=colors, capsize=4)
         ax.set_xticks(range(len(labels)), labels, fontsize=6, rotation=30, ha="right")
+    ax.set_ylim(bottom=0)
+    from matplotlib.patches import Patch
+
+    used = [k for k in palette if any(c == palette[k] for c in colors)]
+    if used:
+        ax.legend(handles=[Patch(color=palette[k], label=k) for k in used], fontsize=8)
     ax.set_ylabel(f"makespan of a {s['rollout_size']}-sequence rollout (s)")
     ax.set_title("Rollout makespan: mean and 95% CI")
     ax.grid(alpha=0.3, axis="y")
