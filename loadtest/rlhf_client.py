@@ -73,25 +73,26 @@ def _is_off(value) -> bool:
 
 @events.init_command_line_parser.add_listener
 def _add_arguments(parser) -> None:
-    # On the parser itself (not a group): only its add_argument knows locust's web-UI keywords.
+    # On the parser itself, not a group: only its add_argument takes locust's web-UI keywords,
+    # and every option added here shows in the web UI's custom parameters.
     for option, (env, default, transport, label) in TARGETS.items():
         parser.add_argument("--" + option.replace("_", "-"), env_var=env, default=default,
-                           help=f"{label} target ({'host:port' if transport == 'grpc' else 'base URL'}); "
-                                f"'off' or empty excludes it (env {env}, default %(default)s)")
+                            help=f"{label} target ({'host:port' if transport == 'grpc' else 'base URL'}); "
+                                 f"'off' or empty excludes it (env {env}, default %(default)s)")
     parser.add_argument("--rollout-size", type=int, env_var="RMSCORE_ROLLOUT_SIZE", default=64,
-                       help="sequences per rollout (default %(default)s)")
+                        help="sequences per rollout (default %(default)s)")
     parser.add_argument("--chunk-size", type=int, env_var="RMSCORE_CHUNK_SIZE", default=8,
-                       help="sequences per RPC; all chunks of a rollout are in flight together "
-                            "(default %(default)s)")
+                        help="sequences per RPC; all chunks of a rollout are in flight together "
+                             "(default %(default)s)")
     parser.add_argument("--lengths", env_var="RMSCORE_LENGTHS", default="lognormal:160:0.6:32:512",
-                       help="length mix: lognormal:MEDIAN:SIGMA:MIN:MAX, uniform:MIN:MAX or fixed:N "
-                            "(default %(default)s)")
+                        help="length mix: lognormal:MEDIAN:SIGMA:MIN:MAX, uniform:MIN:MAX or fixed:N "
+                             "(default %(default)s)")
     parser.add_argument("--update-time", env_var="RMSCORE_UPDATE_TIME", default="1.0",
-                       help="policy-update wait after each rollout, seconds: S or MIN-MAX (default %(default)s)")
+                        help="policy-update wait after each rollout, seconds: S or MIN-MAX (default %(default)s)")
     parser.add_argument("--rpc-timeout", type=float, env_var="RMSCORE_RPC_TIMEOUT", default=120.0,
-                       help="per-RPC deadline in seconds (default %(default)s)")
+                        help="per-RPC deadline in seconds (default %(default)s)")
     parser.add_argument("--rollout-seed", type=int, env_var="RMSCORE_ROLLOUT_SEED", default=0,
-                       help="base seed of the rollout generator (default %(default)s)")
+                        help="base seed of the rollout generator (default %(default)s)")
 
 
 def _update_range(spec: str) -> tuple[float, float]:
