@@ -38,6 +38,9 @@ MANIFEST = json.loads((MODEL / "manifest.json").read_text())
 TOL = 1e-4
 GRPC_KINDS = [k for k in ("py-grpc-onnxruntime", "cpp-grpc") if k in servers.available_kinds()]
 HTTP_KIND = "py-http-onnxruntime"
+# gRPC shares subchannels between a process's channels; a pick_first channel that must choose
+# the first address (not whichever shared subchannel is READY first) keeps its own.
+PRIVATE_SUBCHANNELS = [("grpc.use_local_subchannel_pool", 1)]
 SMALL_QUEUE = {"max_queue_sequences": 128, "max_sequences_per_request": 64}
 
 
@@ -204,15 +207,24 @@ def replicas(request):
         a.stop()
 
 
+@pytest.fixture
+def pair(replicas):
+    """`replicas`, with a started again if a test left it stopped."""
+    a, b = replicas
+    if a.server.proc.poll() is not None:
+        a.start()
+    return a, b
+
+
 @pytest.fixture(scope="module")
 def http_server():
     return shared_server(HTTP_KIND)
 
 
 # ---- gRPC ------------------------------------------------------------------------------------
-def test_rollout_scores_match_onnxruntime_in_caller_order(replicas):
+def test_rollout_scores_match_onnxruntime_in_caller_order(pair):
     """A few thousand mixed-length sequences, cut into uneven chunks sent concurrently."""
-    _, b = replicas
+    _, b = pair
     seqs, want = rollout_with_reference(2000, 4, 16, seed=1)
     seen = []
     with RewardClient(b.target, chunk_size=37, max_concurrency=8) as rm:
@@ -229,8 +241,8 @@ def test_rollout_scores_match_onnxruntime_in_caller_order(replicas):
     assert sorted(t.offset for t in seen) == [t.offset for t in r.timings]
 
 
-def test_golden_inputs_match_eager_fp32(replicas):
-    _, b = replicas
+def test_golden_inputs_match_eager_fp32(pair):
+    _, b = pair
     golden = MANIFEST["golden"]
     with RewardClient(b.target, chunk_size=5) as rm:
         r = rm.score_ids([g["input_ids"] for g in golden])
@@ -239,8 +251,8 @@ def test_golden_inputs_match_eager_fp32(replicas):
         assert abs(s - g["score"]) <= tol
 
 
-def test_text_tokenized_on_client_equals_ids(replicas):
-    _, b = replicas
+def test_text_tokenized_on_client_equals_ids(pair):
+    _, b = pair
     prompts, responses = texts(40, seed=2)
     want_ids = [e.ids for e in local_tokenizer().encode_batch(list(zip(prompts, responses)))]
     with RewardClient(b.target, chunk_size=16) as rm:
@@ -254,9 +266,9 @@ def test_text_tokenized_on_client_equals_ids(replicas):
         assert rm.score_texts(prompts, responses).scores == by_ids.scores
 
 
-def test_text_on_client_equals_server_side_tokenization(replicas):
+def test_text_on_client_equals_server_side_tokenization(pair):
     """The Python servers tokenize TextPair themselves: the client's ids must give the same scores."""
-    _, b = replicas
+    _, b = pair
     if b.kind == "cpp-grpc":
         pytest.skip("the C++ server takes token ids only")
     from rmscore.v1 import reward_pb2 as pb, reward_pb2_grpc
@@ -271,8 +283,8 @@ def test_text_on_client_equals_server_side_tokenization(replicas):
     assert np.allclose(client_side, server_side, atol=1e-6, rtol=0)
 
 
-def test_info_and_health(replicas):
-    _, b = replicas
+def test_info_and_health(pair):
+    _, b = pair
     with RewardClient(b.target) as rm:
         info = rm.info()
         health = rm.health()
@@ -286,8 +298,8 @@ def test_info_and_health(replicas):
         assert not rm.health().serving
 
 
-def test_invalid_input_is_typed_and_sent_once(replicas):
-    _, b = replicas
+def test_invalid_input_is_typed_and_sent_once(pair):
+    _, b = pair
     before = metric(b, "rmscore_requests_total", code="INVALID_ARGUMENT")
     with RewardClient(b.target, retry=RetryPolicy(max_attempts=5, initial_backoff_s=0.01)) as rm:
         with pytest.raises(InvalidInput) as e:
@@ -298,8 +310,8 @@ def test_invalid_input_is_typed_and_sent_once(replicas):
     assert metric(b, "rmscore_requests_total", code="INVALID_ARGUMENT") - before == 1
 
 
-def test_too_long_is_refused_unless_truncation_says_how(replicas):
-    _, b = replicas
+def test_too_long_is_refused_unless_truncation_says_how(pair):
+    _, b = pair
     long = [101] + [2000 + i % 50 for i in range(600)] + [102]
     with RewardClient(b.target) as rm:
         with pytest.raises(InvalidInput, match="exceeds max_sequence_length"):
@@ -309,8 +321,8 @@ def test_too_long_is_refused_unless_truncation_says_how(replicas):
     assert_scores(left + right, ort_scores([long[-512:], long[:512]]))
 
 
-def test_deadline_surfaces_as_typed_error(replicas):
-    _, b = replicas
+def test_deadline_surfaces_as_typed_error(pair):
+    _, b = pair
     seqs = rollout(256, 48, 64, seed=4)
     with RewardClient(b.target, chunk_size=256, timeout_s=0.001) as rm:
         with pytest.raises(DeadlineExceeded) as e:
@@ -321,9 +333,9 @@ def test_deadline_surfaces_as_typed_error(replicas):
             rm.score_ids(seqs, timeout_s=0.001)
 
 
-def test_overload_is_retried_with_backoff_until_scored(replicas):
+def test_overload_is_retried_with_backoff_until_scored(pair):
     """a's queue holds 128 sequences; 8 chunks of 64 at once overflow it."""
-    a, _ = replicas
+    a, _ = pair
     seqs, want = rollout_with_reference(512, 6, 10, seed=5)
     before = metric(a.server, "rmscore_requests_total", code="RESOURCE_EXHAUSTED")
     with RewardClient(a.target, chunk_size=64, max_concurrency=8, timeout_s=120,
@@ -339,8 +351,8 @@ def test_overload_is_retried_with_backoff_until_scored(replicas):
     assert e.value.code == "RESOURCE_EXHAUSTED" and "queue full" in e.value.message
 
 
-def test_two_replicas_behind_one_target_share_the_work(replicas):
-    a, b = replicas
+def test_two_replicas_behind_one_target_share_the_work(pair):
+    a, b = pair
     before = (metric(a.server, "rmscore_sequences_scored_total"), metric(b, "rmscore_sequences_scored_total"))
     seqs, want = rollout_with_reference(320, 4, 10, seed=6)
     with RewardClient(f"ipv4:{a.target},{b.target}", chunk_size=16, max_concurrency=2) as rm:
@@ -353,21 +365,29 @@ def test_two_replicas_behind_one_target_share_the_work(replicas):
     assert got_a + got_b >= len(seqs)
 
 
-def test_replica_killed_mid_run_and_restarted_loses_no_score(replicas):
-    a, b = replicas
+def test_replica_killed_mid_run_and_restarted_loses_no_score(pair):
+    """SIGKILL replica a while a chunked rollout (round_robin over a and b) and a stream (pinned
+    to a by pick_first) are in flight on it; then start a again on the same port."""
+    a, b = pair
     seqs, want = rollout_with_reference(640, 6, 12, seed=7)
-    done_chunks = threading.Event()
+    sseqs, swant = rollout_with_reference(240, 4, 8, seed=17)
+    chunks_done, items_done = threading.Event(), threading.Event()
     count = [0]
 
     def on_chunk(_):
         count[0] += 1
         if count[0] >= 3:
-            done_chunks.set()
+            chunks_done.set()
 
     target = f"ipv4:{a.target},{b.target}"
+    retry = RetryPolicy(max_attempts=10, initial_backoff_s=0.05, max_backoff_s=1.0)
     results: dict = {}
-    with RewardClient(target, chunk_size=16, max_concurrency=4, timeout_s=120,
-                      retry=RetryPolicy(max_attempts=10, initial_backoff_s=0.05, max_backoff_s=1.0)) as rm:
+    streamed: list = []
+    # The stream's client connects first, on its own subchannels, so pick_first settles on a.
+    with RewardClient(target, load_balancing="pick_first", chunk_size=4, max_concurrency=2, retry=retry,
+                      channel_options=PRIVATE_SUBCHANNELS) as rs, \
+            RewardClient(target, chunk_size=16, max_concurrency=4, timeout_s=120, retry=retry) as rm:
+        rs.info()
         rm.info()
 
         def run():
@@ -376,17 +396,33 @@ def test_replica_killed_mid_run_and_restarted_loses_no_score(replicas):
             except BaseException as e:  # noqa: BLE001 - reported below
                 results["e"] = e
 
-        t = threading.Thread(target=run)
-        t.start()
-        assert done_chunks.wait(120)
-        a.kill()  # SIGKILL with chunks in flight on it
-        t.join(180)
-        assert not t.is_alive()
-        assert "e" not in results, results.get("e")
+        def run_stream():
+            try:
+                for i, score in rs.stream(enumerate(sseqs)):
+                    streamed.append((i, score))
+                    if len(streamed) >= 16:
+                        items_done.set()
+            except BaseException as e:  # noqa: BLE001 - reported below
+                results["stream_error"] = e
+            items_done.set()
+
+        threads = [threading.Thread(target=run), threading.Thread(target=run_stream)]
+        for t in threads:
+            t.start()
+        assert chunks_done.wait(120) and items_done.wait(120)
+        assert len(streamed) < len(sseqs) and "r" not in results, "finished before the kill: nothing tested"
+        a.kill()  # SIGKILL with chunks and stream items in flight on it
+        for t in threads:
+            t.join(180)
+            assert not t.is_alive()
+        assert "e" not in results and "stream_error" not in results, results
         r = results["r"]
         assert_scores(r.scores, want)  # every position scored exactly once, in order
         assert len(r.timings) == len(seqs) // 16
         assert sum(t.attempts - 1 for t in r.timings) >= 1  # the kill did cut chunks short: they were re-sent
+        assert sorted(i for i, _ in streamed) == list(range(len(sseqs)))  # each id exactly once
+        assert_scores([s for _, s in sorted(streamed)], swant)
+        assert rs.stream_restarts >= 1  # the stream did break and was reopened on b
 
         a.start()  # again, on the same port
         assert a.server.port == int(a.target.rsplit(":", 1)[1])
@@ -401,7 +437,7 @@ def test_replica_killed_mid_run_and_restarted_loses_no_score(replicas):
         assert metric(a.server, "rmscore_sequences_scored_total") > 0
 
 
-def test_unreachable_target_is_unavailable_after_retries(replicas):
+def test_unreachable_target_is_unavailable_after_retries(pair):
     with RewardClient(f"127.0.0.1:{free_port()}", timeout_s=10,
                       retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02)) as rm:
         with pytest.raises(Unavailable) as e:
@@ -409,8 +445,8 @@ def test_unreachable_target_is_unavailable_after_retries(replicas):
     assert e.value.code == "UNAVAILABLE" and e.value.attempts == 3
 
 
-def test_stream_yields_each_id_once_with_its_score(replicas):
-    _, b = replicas
+def test_stream_yields_each_id_once_with_its_score(pair):
+    _, b = pair
     seqs, want = rollout_with_reference(120, 4, 12, seed=9)
 
     def finished_rollouts():  # as a trainer would: one by one, some text, ids of any type
@@ -436,8 +472,8 @@ def test_stream_yields_each_id_once_with_its_score(replicas):
         assert list(rm.stream([])) == []
 
 
-def test_async_client_scores_and_streams(replicas):
-    _, b = replicas
+def test_async_client_scores_and_streams(pair):
+    _, b = pair
     seqs, want = rollout_with_reference(200, 4, 12, seed=10)
 
     async def main():
@@ -514,3 +550,40 @@ def test_http_async_client(http_server):
 
     assert_scores(asyncio.run(main()), want)
 
+
+
+def test_stream_moves_off_a_draining_replica(pair):
+    """SIGTERM replica a while a stream (pinned to a by pick_first) is in flight: a drains and
+    refuses new items as UNAVAILABLE, then goes; the stream is reopened on b, nothing lost.
+    Leaves a stopped (`pair` starts it again for any test after this one)."""
+    a, b = pair
+    seqs, want = rollout_with_reference(240, 4, 8, seed=18)
+    progressed = threading.Event()
+    streamed: list = []
+    errors: list = []
+    retry = RetryPolicy(max_attempts=20, initial_backoff_s=0.05, max_backoff_s=0.5)
+    with RewardClient(f"ipv4:{a.target},{b.target}", load_balancing="pick_first", chunk_size=4,
+                      max_concurrency=2, retry=retry, channel_options=PRIVATE_SUBCHANNELS) as rs:
+        rs.info()
+
+        def run():
+            try:
+                for i, score in rs.stream(enumerate(seqs)):
+                    streamed.append((i, score))
+                    if len(streamed) >= 16:
+                        progressed.set()
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+            progressed.set()
+
+        t = threading.Thread(target=run)
+        t.start()
+        assert progressed.wait(120)
+        assert len(streamed) < len(seqs) and not errors, "finished before SIGTERM: nothing tested"
+        a.server.signal(signal.SIGTERM)
+        t.join(180)
+        assert not t.is_alive() and not errors, errors
+        assert a.server.proc.wait(60) == 0
+    assert sorted(i for i, _ in streamed) == list(range(len(seqs)))
+    assert_scores([s for _, s in sorted(streamed)], want)
+    assert rs.stream_restarts >= 1

@@ -66,6 +66,8 @@ class _AsyncClientBase:
         self._tokenizer_src = tokenizer  # None (fetch from the server), a tokenizer.json path, or a Tokenizer
         self._tokenizer = None
         self._tokenizer_lock: asyncio.Lock | None = None
+        #: How many times a `stream(...)` was reopened after it broke (replica lost or draining).
+        self.stream_restarts = 0
 
     # ---- what a transport provides ------------------------------------------------------
     async def _score_once(self, seqs: list[list[int]], truncation: str, timeout_s: float | None):
@@ -238,6 +240,11 @@ class _AsyncClientBase:
                 yield uid, await self._item_ids(x)
 
 
+class _Reconnect(Exception):
+    def __init__(self, err: RewardServerError):
+        self.err = err
+
+
 class _Fail:
     def __init__(self, exc: BaseException):
         self.exc = exc
@@ -365,8 +372,10 @@ class AsyncRewardClient(_AsyncClientBase):
         return Health(status == "SERVING", status)
 
     async def _stream(self, items, truncation, errors, timeout_s):
-        """Over ScoreStream. Items not yet answered when the stream breaks (a replica died) are
-        re-sent on a new stream; an item answered with a retryable error is re-sent after a backoff.
+        """Over ScoreStream. Items not yet answered when the stream breaks (a replica died) or
+        when an item is refused as UNAVAILABLE (the replica is draining) are re-sent on a new
+        stream, which the balancer places on a serving replica; an item refused as
+        RESOURCE_EXHAUSTED is re-sent on the same stream after a backoff.
         Wire ids are the client's own counter, so the caller's ids may be anything."""
         from rmscore.v1 import reward_pb2 as pb
 
@@ -432,6 +441,8 @@ class AsyncRewardClient(_AsyncClientBase):
                                                      attempts=entry[2], item_id=entry[0])
                             if err.retryable and entry[2] < self.retry.max_attempts:
                                 entry[2] += 1
+                                if err.code == "UNAVAILABLE":  # this replica is draining: go to another
+                                    raise _Reconnect(err)
                                 loop.call_later(self.retry.backoff(entry[2] - 1), outbound.put_nowait, resp.id)
                                 continue
                             settle(resp.id)
@@ -445,11 +456,14 @@ class AsyncRewardClient(_AsyncClientBase):
                     err = Unavailable("UNAVAILABLE", f"stream ended with {len(pending)} items unanswered")
                 except grpc.aio.AioRpcError as e:
                     err = from_rpc_error(e)
+                except _Reconnect as e:
+                    err = e.err
                 finally:
                     writer.cancel()
                     call.cancel()
                 failures += 1
                 err.attempts = failures
+                self.stream_restarts += 1
                 if not err.retryable or failures >= self.retry.max_attempts:
                     results.put_nowait(_Fail(err))
                     return

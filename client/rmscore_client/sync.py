@@ -52,6 +52,11 @@ class _SyncClient:
     def max_concurrency(self) -> int:
         return self._aio.max_concurrency
 
+    @property
+    def stream_restarts(self) -> int:
+        """How many times a `stream(...)` was reopened after it broke (replica lost or draining)."""
+        return self._aio.stream_restarts
+
     def score_ids(self, sequences: Sequence[Sequence[int]], **kw) -> ScoreResult:
         """See `AsyncRewardClient.score_ids`."""
         return self._run(self._aio.score_ids(sequences, **kw))
