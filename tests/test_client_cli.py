@@ -86,4 +86,4 @@ def test_info_prints_model_and_health(server):
 
 def test_info_unreachable_fails():
     p = run("info", "--target", f"127.0.0.1:{free_port()}", "--timeout", "2", "--retries", "1")
-    assert p.returncode == 1 and "unreachable" in p.stdout
+    assert p.returncode == 1 and "no serving replica reachable" in p.stdout

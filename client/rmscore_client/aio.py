@@ -17,7 +17,7 @@ import itertools
 import json
 import os
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -367,7 +367,8 @@ class AsyncRewardClient(_AsyncClientBase):
             r = await stub.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME),
                                  timeout=min(self.timeout_s or 5.0, 5.0))
         except grpc.aio.AioRpcError as e:
-            return Health(False, f"unreachable: {e.code().name}: {e.details()}")
+            # With the health check on, a replica that is up but NOT_SERVING is not picked either.
+            return Health(False, f"no serving replica reachable: {e.code().name}: {e.details()}")
         status = health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
         return Health(status == "SERVING", status)
 

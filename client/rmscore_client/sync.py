@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from .aio import AsyncHttpRewardClient, AsyncRewardClient, _AsyncClientBase
-from .types import ChunkTiming, Health, ModelInfo, ScoreResult
+from .types import Health, ModelInfo, ScoreResult
 
 _END = object()
 
@@ -27,7 +27,12 @@ class _SyncClient:
         self._thread = threading.Thread(target=self._loop.run_forever, name="rmscore-client", daemon=True)
         self._thread.start()
         self._closed = False
-        self._aio = self._run(self._make(args, kw))
+        try:
+            self._aio = self._run(self._make(args, kw))
+        except BaseException:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            raise
 
     async def _make(self, args, kw):
         return self._async_cls(*args, **kw)
@@ -132,11 +137,19 @@ class _SyncClient:
             stop.set()
             fut.cancel()
 
+    async def _shutdown(self) -> None:
+        await self._aio.close()
+        me = asyncio.current_task()
+        rest = [t for t in asyncio.all_tasks() if t is not me]
+        for t in rest:
+            t.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
+
     def close(self) -> None:
         if self._closed:
             return
         try:
-            self._run(self._aio.close(), timeout=10)
+            self._run(self._shutdown(), timeout=10)
         finally:
             self._closed = True
             self._loop.call_soon_threadsafe(self._loop.stop)
@@ -182,4 +195,4 @@ class HttpRewardClient(_SyncClient):
         super().__init__(base_url, **kw)
 
 
-__all__ = ["RewardClient", "HttpRewardClient", "ChunkTiming"]
+__all__ = ["RewardClient", "HttpRewardClient"]

@@ -89,4 +89,4 @@ class ModelInfo:
 @dataclass(frozen=True)
 class Health:
     serving: bool
-    status: str  # "SERVING", "NOT_SERVING", or what the transport said ("unreachable: ...")
+    status: str  # "SERVING", "NOT_SERVING", or why none answered ("no serving replica reachable: ...")
