@@ -67,12 +67,13 @@ class Caller:
         body = {"sequences": seqs, "truncation": truncation}
         if timeout_s is not None and timeout_s < 60:
             body["timeout_ms"] = timeout_s * 1000
-        return self.post(body)
+        return self.post(body, timeout_s=max(timeout_s or 120, 10))
 
-    def post(self, body, raw: bytes | None = None) -> dict:
+    def post(self, body, raw: bytes | None = None, timeout_s: float = 120) -> dict:
         try:
-            r = (self.http.post("/v1/score", content=raw, headers={"content-type": "application/json"})
-                 if raw is not None else self.http.post("/v1/score", json=body))
+            r = (self.http.post("/v1/score", content=raw, headers={"content-type": "application/json"},
+                                timeout=timeout_s)
+                 if raw is not None else self.http.post("/v1/score", json=body, timeout=timeout_s))
         except httpx.ConnectError as e:  # what gRPC calls UNAVAILABLE
             raise CallError("UNAVAILABLE", str(e)) from None
         if r.status_code != 200:

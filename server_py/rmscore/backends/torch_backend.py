@@ -49,19 +49,25 @@ class TorchBackend:
             # Freezing folds weights into the graph: 1.6x over eager here (TOOLCHAIN.md);
             # plain torch.compile was slower than eager on this CPU.
             inductor_config.freezing = True
+            # Without this, equal sizes share one symbol (batch 2 x length 2 at warm-up)
+            # and the first batch whose sizes differ recompiles.
+            torch.fx.experimental._config.use_duck_shape = False
             self._fn = torch.compile(module, dynamic=True)
 
     @torch.inference_mode()
     def score(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        n = input_ids.shape[0]
+        if self.name == "compile":
+            input_ids, attention_mask = _at_least_two(input_ids, attention_mask)
         ids = torch.from_numpy(input_ids).to(self.device)
         mask = torch.from_numpy(attention_mask).to(self.device)
         with torch.autocast(self.device.type, dtype=self._autocast or torch.float32, enabled=bool(self._autocast)):
-            return self._fn(ids, mask).float().cpu().numpy()
+            return self._fn(ids, mask).float().cpu().numpy()[:n]
 
     def warmup(self, max_batch_size: int, max_sequence_length: int) -> None:
-        # Dynamic shapes specialise on sizes 0 and 1, so warm up each corner once:
-        # batch 1 and >1, length 1 and >1. Serving should then never recompile.
-        shapes = [(1, 1), (1, 16), (2, 1), (2, 16), (min(max_batch_size, 8), min(max_sequence_length, 128))]
+        # compile: score() never shows the graph a size-1 dimension, so one dynamic graph
+        # serves every shape and these warm-up calls compile it once; serving never recompiles.
+        shapes = [(1, 1), (2, 16), (min(max_batch_size, 8), min(max_sequence_length, 128))]
         for i, (b, n) in enumerate(shapes, 1):
             t = time.perf_counter()
             self.score(np.ones((b, n), np.int64), np.ones((b, n), np.int64))
@@ -76,3 +82,15 @@ class TorchBackend:
         from torch._dynamo.utils import counters
 
         return int(counters["stats"]["unique_graphs"])
+
+
+def _at_least_two(ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dynamic shapes specialise on size 1, which would cost a compile per corner (~30 s each
+    here). A lone sequence is duplicated and a length-1 batch gets one masked pad column:
+    neither changes a score (pooling reads the mask), and the caller keeps the first rows."""
+    if ids.shape[1] == 1:
+        ids = np.pad(ids, ((0, 0), (0, 1)))
+        mask = np.pad(mask, ((0, 0), (0, 1)))
+    if ids.shape[0] == 1:
+        ids, mask = np.repeat(ids, 2, axis=0), np.repeat(mask, 2, axis=0)
+    return ids, mask
