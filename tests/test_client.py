@@ -36,7 +36,10 @@ from rmscore.client import (NO_RETRY, AsyncHttpRewardClient, AsyncRewardClient, 
 MODEL = servers.MODEL
 MANIFEST = json.loads((MODEL / "manifest.json").read_text())
 TOL = 1e-4
-GRPC_KINDS = [k for k in ("py-grpc-onnxruntime", "cpp-grpc") if k in servers.available_kinds()]
+# The client is the same whatever the backend: by default the Python (ONNX Runtime) and C++ gRPC
+# servers; RMSCORE_TEST_KINDS=... runs the gRPC kinds it names (py-grpc-eager, ... too).
+GRPC_KINDS = [k for k in servers.available_kinds() if servers.KINDS[k][0] == "grpc"
+              and (os.environ.get("RMSCORE_TEST_KINDS") or k in ("py-grpc-onnxruntime", "cpp-grpc"))]
 HTTP_KIND = "py-http-onnxruntime"
 # gRPC shares subchannels between a process's channels; a pick_first channel that must choose
 # the first address (not whichever shared subchannel is READY first) keeps its own.
