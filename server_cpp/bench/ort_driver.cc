@@ -13,9 +13,10 @@
 // server's parser, so a value means exactly what it means to the server.
 //
 // in.json: a list of batches, each a list of token-id lists, or
-// {"batches": [...]}. Each repetition scores every batch once, in order; a
-// batch's time is Pack + Run (what the server's batcher and worker do per
-// batch). Warm-up passes are not recorded. Output (stdout, or --out):
+// {"batches": [...]}. First W untimed warm-up batches (the file's batches in
+// order, cycling; default 2), then each repetition scores every batch once, in
+// order; a batch's time is Pack + Run (what the server's batcher and worker do
+// per batch). Output (stdout, or --out):
 // per-batch wall times, per-repetition sequences/s, and the pooled figure.
 //
 // --parity scores the manifest's golden inputs alone and as one padded
@@ -47,7 +48,7 @@ struct DriverArgs {
   std::string batches_path;
   std::string out_path;
   int repetitions = 3;
-  int warmup = 1;
+  int warmup = 2;  // untimed batches
   bool parity = false;
   std::vector<std::string> server_args;  // handed to rmscore::ParseConfig
 };
@@ -172,7 +173,11 @@ int Bench(const DriverArgs& a, const rmscore::Config& cfg, const rmscore::Manife
   std::vector<std::vector<double>> wall(batches.size()), run(batches.size());
   std::vector<double> pass_s;
   std::vector<float> last_scores;
-  for (int rep = -a.warmup; rep < a.repetitions; ++rep) {
+  for (int w = 0; w < a.warmup; ++w) {
+    const auto& v = views[size_t(w) % views.size()];
+    runner.Run(rmscore::Pack(v, m.pad_token_id));
+  }
+  for (int rep = 0; rep < a.repetitions; ++rep) {
     double pass = 0;
     for (size_t b = 0; b < batches.size(); ++b) {
       const auto t0 = Clock::now();
@@ -182,16 +187,13 @@ int Bench(const DriverArgs& a, const rmscore::Config& cfg, const rmscore::Manife
       const auto t2 = Clock::now();
       const double w = std::chrono::duration<double>(t2 - t0).count();
       pass += w;
-      if (rep >= 0) {
-        wall[b].push_back(w);
-        run[b].push_back(std::chrono::duration<double>(t2 - t1).count());
-      }
+      wall[b].push_back(w);
+      run[b].push_back(std::chrono::duration<double>(t2 - t1).count());
       if (rep == a.repetitions - 1) last_scores.insert(last_scores.end(), scores.begin(), scores.end());
     }
-    if (rep >= 0) pass_s.push_back(pass);
-    std::cerr << "rmscore-ort-driver " << (rep < 0 ? "warm-up" : "repetition") << " " << (rep < 0 ? rep + a.warmup + 1 : rep + 1)
-              << "/" << (rep < 0 ? a.warmup : a.repetitions) << ": " << sequences << " sequences in " << pass
-              << " s" << std::endl;
+    pass_s.push_back(pass);
+    std::cerr << "rmscore-ort-driver repetition " << rep + 1 << "/" << a.repetitions << ": " << sequences
+              << " sequences in " << pass << " s" << std::endl;
   }
   json per_batch = json::array();
   for (size_t b = 0; b < batches.size(); ++b) {
@@ -217,7 +219,7 @@ int Bench(const DriverArgs& a, const rmscore::Config& cfg, const rmscore::Manife
               {"batches_file", a.batches_path},
               {"batches", per_batch},
               {"repetitions", a.repetitions},
-              {"warmup", a.warmup},
+              {"warmup_batches", a.warmup},
               {"sequences_per_pass", sequences},
               {"pass_wall_s", pass_s},
               {"sequences_per_s_per_repetition", per_rep},
