@@ -555,6 +555,14 @@ def test_http_async_client(http_server):
 
 
 
+def test_dns_target(pair):
+    """A DNS name (here localhost: 127.0.0.1, and ::1 where nothing listens) through round_robin."""
+    _, b = pair
+    seqs, want = rollout_with_reference(40, 4, 8, seed=19)
+    with RewardClient(f"dns:///localhost:{b.port}", chunk_size=8) as rm:
+        assert_scores(rm.score_ids(seqs).scores, want)
+
+
 def test_stream_moves_off_a_draining_replica(pair):
     """SIGTERM replica a while a stream (pinned to a by pick_first) is in flight: a drains and
     refuses new items as UNAVAILABLE, then goes; the stream is reopened on b, nothing lost.
