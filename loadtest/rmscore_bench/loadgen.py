@@ -5,9 +5,10 @@ chunk of `chunk_size` sequences (one RPC); a rollout is `rollout_size`
 sequences sent as chunks all in flight together, as a trainer rank does.
 
 * closed loop, concurrency C: C workers, each sends its next request as soon as
-  the previous one is answered. After a settling period, throughput counts the
-  sequences of requests answered inside the measurement window; latency is
-  per request, over the same requests.
+  the previous one is answered. The measurement window opens once every worker
+  has had an answer (and at least `settle_s` passed): the pipeline is full.
+  Throughput counts the sequences of requests answered inside the window;
+  latency is per request, over the same requests.
 * open loop, rate R: requests arrive as a Poisson process at R sequences/s,
   whatever the server does; latency runs from the scheduled arrival (so a late
   send counts against the server, no coordinated omission). At most
@@ -85,7 +86,7 @@ def _summarise(records: list[tuple[float, float, int, str | None, float, float]]
     }
 
 
-async def _one(client, req, t0: float, sent_at: float, records: list) -> None:
+async def _one(client, req, t0: float, sent_at: float, records: list) -> str | None:
     timing = []
     try:
         result = await client.score_ids(req, on_chunk=timing.append)
@@ -100,32 +101,47 @@ async def _one(client, req, t0: float, sent_at: float, records: list) -> None:
     q = sum(t.queue_ms for t in timing) / len(timing) if timing else float("nan")
     i = sum(t.inference_ms for t in timing) / len(timing) if timing else float("nan")
     records.append((done - t0, (done - sent_at) * 1e3, len(req), err, q, i))
+    return err
 
 
 async def closed_loop(client, requests: list, concurrency: int, window_s: float, settle_s: float = 0.0,
-                      drain_timeout_s: float = 60.0) -> dict:
-    """C workers back to back for settle_s (not counted) + window_s."""
+                      drain_timeout_s: float = 60.0, max_settle_s: float = 120.0) -> dict:
+    """C workers back to back. The window opens once settle_s has passed and every worker has had
+    an answer (the pipeline is full: steady state), or after max_settle_s; it lasts window_s."""
     records: list = []
+    answered = [0] * concurrency
+    everyone = asyncio.Event()
+    stop = False
     t0 = time.perf_counter()
-    start_measure = t0 + settle_s
-    stop_at = start_measure + window_s
-    counter = iter(range(1 << 62))
 
     async def worker(w: int) -> None:
-        while time.perf_counter() < stop_at:
-            k = next(counter)
-            await _one(client, requests[(k + w * 7919) % len(requests)], t0, time.perf_counter(), records)
+        k = w * 7919
+        while not stop:
+            err = await _one(client, requests[k % len(requests)], t0, time.perf_counter(), records)
+            k += 1
+            answered[w] += 1
+            if answered[w] == 1 and all(answered):
+                everyone.set()
+            if err is not None:
+                await asyncio.sleep(0.01)  # a failing server must not turn the client into a busy loop
 
     tasks = [asyncio.create_task(worker(w)) for w in range(concurrency)]
-    await asyncio.sleep(max(0.0, stop_at - time.perf_counter()))
+    await asyncio.sleep(settle_s)
+    try:
+        await asyncio.wait_for(everyone.wait(), timeout=max(0.0, max_settle_s - settle_s))
+    except asyncio.TimeoutError:
+        pass
+    t_open = time.perf_counter() - t0
+    await asyncio.sleep(window_s)
+    stop = True
     done, pending = await asyncio.wait(tasks, timeout=drain_timeout_s)
     for t in pending:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    # Requests answered inside [settle_s, settle_s + window_s] count (steady-state completions).
-    measured = [r for r in records if r[0] >= settle_s]
-    out = _summarise(measured, window_s, settle_s + window_s)
-    out.update(concurrency=concurrency, settle_s=settle_s, cancelled_at_drain=len(pending))
+    # Requests answered inside the window count (steady-state completions).
+    measured = [r for r in records if r[0] >= t_open]
+    out = _summarise(measured, window_s, t_open + window_s)
+    out.update(concurrency=concurrency, settle_s=round(t_open, 3), cancelled_at_drain=len(pending))
     return out
 
 
@@ -202,7 +218,7 @@ async def rollouts(client, batch: list[list[list[int]]]) -> dict:
 async def warmup(client, requests: list, concurrency: int, seconds: float) -> dict:
     if seconds <= 0:
         return {"seconds": 0, "requests": 0}
-    r = await closed_loop(client, requests, concurrency, seconds, drain_timeout_s=120)
+    r = await closed_loop(client, requests, concurrency, seconds, drain_timeout_s=120, max_settle_s=0)
     return {"seconds": seconds, "requests": r["requests"], "errors": r["errors"]}
 
 

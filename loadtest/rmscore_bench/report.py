@@ -69,6 +69,8 @@ def markdown(record: dict, summary: dict, notes: list[str] | None = None) -> str
         "only when their intervals do not overlap (the study's test).")
     for n in (notes or []) + list(s.get("notes") or []):
         add(f"- Note: {n}")
+    if meta.get("interrupted"):
+        add("- **Interrupted**: the run was stopped early; only the phases listed below were measured.")
     if record.get("skipped"):
         add("- Skipped: " + "; ".join(f"{k['kind']} ({k['reason']})" for k in record["skipped"]))
     add("")

@@ -19,6 +19,7 @@ import json
 import os
 import pathlib
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -123,6 +124,14 @@ class Bench:
         self.wl = loadgen.Workload(self.mix, settings.chunk_size, settings.rollout_size)
         self.servers = load_servers_module()
         self.log = log or (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
+        self.stopping = False
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.stopping:
+            raise KeyboardInterrupt
+        self.stopping = True
+        self.log(f"signal {signum}: finishing the current phase, then stopping the servers and writing the "
+                 "report of what was measured (signal again to abort at once)")
 
     # ---- plan ---------------------------------------------------------------------------
     def configs(self) -> tuple[list[Config], list[dict]]:
@@ -138,6 +147,14 @@ class Bench:
 
     # ---- run ----------------------------------------------------------------------------
     def run(self) -> dict:
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return self._run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _run(self) -> dict:
         self.out.mkdir(parents=True, exist_ok=True)
         configs, skipped = self.configs()
         started = dt.datetime.now(dt.timezone.utc)
@@ -155,7 +172,7 @@ class Bench:
         for k in skipped:
             self.log(f"skipping {k['kind']}: {k['reason']}")
         self._save(record)
-        if self.s.inproc_runtimes or self.s.ablation:
+        if (self.s.inproc_runtimes or self.s.ablation) and not self.stopping:
             record["inproc"] = self.run_inproc()
             self._save(record)
         per_mode = {"isolated": len(configs), "contended": len(self.s.batching) if configs else 0}
@@ -167,11 +184,13 @@ class Bench:
                     groups = [[c] for c in configs] if mode == "isolated" else \
                         [[c for c in configs if c.batching == b] for b in self.s.batching]
                     for group in groups:
-                        if group:
+                        if group and not self.stopping:
                             record["sessions"] += asyncio.run(self._group(group, mode, rep, bar))
                             self._save(record)
         finally:
             bar.close()
+        if self.stopping:
+            record["meta"]["interrupted"] = True
         record["meta"]["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         record["meta"]["load_avg_end"] = list(os.getloadavg())
         self._save(record)
@@ -276,8 +295,9 @@ class Bench:
 
         for c, sess, srv in live:
             sess["measured_from"] = time.time()
+        warm_c = min(max(s.concurrency), 4)  # enough to warm every path without queueing a backlog
         try:
-            warm = await each(lambda cl: loadgen.warmup(cl, requests, max(s.concurrency), s.warmup_s))
+            warm = await each(lambda cl: loadgen.warmup(cl, requests, warm_c, s.warmup_s))
             for (c, sess, srv), w in zip(live, warm):
                 sess["warmup"] = w
             bar.step(f"{tag}: warmed up")
@@ -288,17 +308,24 @@ class Bench:
                     sess["parity_scores"] = g
             bar.step(f"{tag}: parity set")
             for conc in s.concurrency:
+                if self.stopping:
+                    return
                 res = await each(lambda cl: loadgen.closed_loop(cl, requests, conc, s.window_s, s.settle_s,
-                                                                drain_timeout_s=s.rpc_timeout_s))
+                                                                drain_timeout_s=s.rpc_timeout_s,
+                                                                max_settle_s=s.rpc_timeout_s))
                 for (c, sess, srv), r in zip(live, res):
                     sess.setdefault("closed", []).append(r)
                 bar.step(f"{tag}: closed loop C={conc} " +
                          " ".join(f"{c.kind}={r['throughput_seq_s']:.1f}/s" for (c, _, _), r in zip(live, res)))
+            if self.stopping:
+                return
             res = await each(lambda cl: loadgen.open_loop(cl, requests, s.open_rate_seq_s, s.chunk_size, s.window_s,
                                                           seed, s.max_outstanding, drain_timeout_s=s.rpc_timeout_s))
             for (c, sess, srv), r in zip(live, res):
                 sess["open"] = r
             bar.step(f"{tag}: open loop {s.open_rate_seq_s:g} seq/s")
+            if self.stopping:
+                return
             res = await each(lambda cl: loadgen.rollouts(cl, rollouts))
             for (c, sess, srv), r in zip(live, res):
                 sess["rollout"] = r
