@@ -112,13 +112,6 @@ def session_flags(a) -> list[str]:
             "--inter-op-threads", str(a.inter_op_threads)]
 
 
-def run_driver(a, batches_file: pathlib.Path, out_file: pathlib.Path, repetitions: int, warmup: int) -> dict:
-    cmd = [str(DRIVER), "--batches", str(batches_file), "--repetitions", str(repetitions), "--warmup", str(warmup),
-           "--out", str(out_file), *session_flags(a)]
-    subprocess.run(cmd, check=True, cwd=ROOT, stderr=subprocess.DEVNULL if a.quiet else None, timeout=3600)
-    return json.loads(out_file.read_text())
-
-
 def run_parity(a) -> dict:
     p = subprocess.run([str(DRIVER), "--parity", *session_flags(a)], check=True, cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
@@ -292,38 +285,109 @@ def saturate(target: str, reqs: list[bytes], sizes: list[int], order: list[int],
     return wall, scores
 
 
+class Driver:
+    """The C++ driver kept alive (--interactive), so in-process passes alternate with server passes."""
+
+    def __init__(self, a, batches_file: pathlib.Path, warmup: int):
+        cmd = [str(DRIVER), "--batches", str(batches_file), "--interactive", "--warmup", str(warmup),
+               *session_flags(a)]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._read()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"rmscore-ort-driver exited with {self.proc.wait()}")
+        r = json.loads(line)
+        if "error" in r:
+            raise RuntimeError(f"rmscore-ort-driver: {r['error']}")
+        return r
+
+    def ask(self, cmd: str) -> dict:
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+
 def warmup_batches(a, n: int) -> int:
     """Untimed batches before timing (of the `n`), the same in-process and on the servers."""
     return min(n, 2 * a.concurrency)
 
 
-def measure_server(kind: str, a, wl: dict, reqs: list[bytes], small: bytes, tmp: pathlib.Path) -> dict:
-    say(f"  {kind}: starting")
-    srv = Server(kind, a, tmp)
+def repetition(k: int, a, wl: dict, reqs: list[bytes], small: bytes, batches_file: pathlib.Path,
+               tmp: pathlib.Path) -> dict:
+    """One repetition: fresh processes, every figure, configurations in a rotated order throughout."""
+    configs = ["inproc", *a.kinds]
+    order = configs[k % len(configs):] + configs[:k % len(configs)]
+    say(f"repetition {k + 1}/{a.repeats}: order {', '.join(order)}")
+    n = len(reqs)
+    rep: dict = {"order": order, "inproc": {}}
+    procs: dict = {}
     try:
-        time.sleep(a.settle_s)
-        own, tree = srv.idle_rss_mib()
-        say(f"  {kind}: SERVING after {srv.startup_s:.2f} s, idle RSS {own:.0f} MiB (with children {tree:.0f})")
-        lat = low_load_latency(srv.target, small, a.latency_requests, a.rpc_timeout_s)
-        say(f"  {kind}: low load, {len(lat)} requests of {len(wl['small'])} sequences: "
-            f"median {statistics.median(lat):.2f} ms")
-        n = len(reqs)
-        warm = list(range(warmup_batches(a, n)))
-        saturate(srv.target, reqs, wl["sizes"], warm, a.concurrency, a.rpc_timeout_s)
-        before = metric_sum(srv.metrics_port, "rmscore_batch_size_count")
-        order = list(range(n)) * a.passes
-        wall, scores = saturate(srv.target, reqs, wl["sizes"], order, a.concurrency, a.rpc_timeout_s)
-        batches_run = metric_sum(srv.metrics_port, "rmscore_batch_size_count") - before
-        seq_s = wl["sequences"] * a.passes / wall
-        say(f"  {kind}: saturation, {len(order)} requests x 1 batch, {a.concurrency} clients: "
-            f"{seq_s:.1f} sequences/s ({wall:.2f} s); server ran {batches_run:.0f} batches")
-        return {"startup_s": srv.startup_s, "idle_rss_mib": own, "idle_rss_tree_mib": tree,
-                "latency_ms": lat, "latency_median_ms": statistics.median(lat),
-                "saturation_wall_s": wall, "saturation_seq_s": seq_s, "requests": len(order),
-                "batches_run": batches_run,
-                "scores": [x for b in range(n) for x in scores[b]]}
+        say("  in-process: starting the C++ driver")
+        procs["inproc"] = Driver(a, batches_file, warmup_batches(a, n))
+        for kind in (c for c in order if c != "inproc"):  # one at a time, the others idle
+            srv = procs[kind] = Server(kind, a, tmp)
+            time.sleep(a.settle_s)
+            own, tree = srv.idle_rss_mib()
+            rep[kind] = {"startup_s": srv.startup_s, "idle_rss_mib": own, "idle_rss_tree_mib": tree}
+            say(f"  {kind}: SERVING after {srv.startup_s:.2f} s, idle RSS {own:.0f} MiB (with children {tree:.0f})")
+        for cfg in order:  # low load
+            if cfg == "inproc":
+                r = procs[cfg].ask(f"probe {a.probe_repetitions}")
+                rep[cfg]["small_ms"] = r["median_wall_s"] * 1e3
+                say(f"  in-process: low-load request compute {rep[cfg]['small_ms']:.2f} ms "
+                    f"(median of {a.probe_repetitions})")
+            else:
+                lat = low_load_latency(procs[cfg].target, small, a.latency_requests, a.rpc_timeout_s)
+                rep[cfg].update(latency_ms=lat, latency_median_ms=statistics.median(lat))
+                say(f"  {cfg}: low load, {len(lat)} requests of {len(wl['small'])} sequences: "
+                    f"median {statistics.median(lat):.2f} ms")
+        for kind in a.kinds:  # server warm-up, as many batches as the driver's
+            saturate(procs[kind].target, reqs, wl["sizes"], list(range(warmup_batches(a, n))), a.concurrency,
+                     a.rpc_timeout_s)
+            rep[kind].update(saturation_wall_s=0.0, requests=0, batches_run=0.0, pass_seq_s=[])
+        rep["inproc"].update(pass_wall_s=[], pass_seq_s=[])
+        for p in range(a.passes):  # saturation, alternating whole passes
+            for cfg in order:
+                if cfg == "inproc":
+                    r = procs[cfg].ask("pass")
+                    rep[cfg]["pass_wall_s"].append(r["pass_wall_s"])
+                    rep[cfg]["pass_seq_s"].append(r["sequences_per_s"])
+                    rep[cfg]["scores"] = r["scores"]
+                    say(f"  in-process: pass {p + 1}/{a.passes}: {r['sequences_per_s']:.1f} sequences/s")
+                    continue
+                srv, x = procs[cfg], rep[cfg]
+                before = metric_sum(srv.metrics_port, "rmscore_batch_size_count")
+                wall, scores = saturate(srv.target, reqs, wl["sizes"], list(range(n)), a.concurrency, a.rpc_timeout_s)
+                ran = metric_sum(srv.metrics_port, "rmscore_batch_size_count") - before
+                x["saturation_wall_s"] += wall
+                x["requests"] += n
+                x["batches_run"] += ran
+                x["pass_seq_s"].append(wl["sequences"] / wall)
+                x["scores"] = [v for b in range(n) for v in scores[b]]
+                say(f"  {cfg}: pass {p + 1}/{a.passes}: {wl['sequences'] / wall:.1f} sequences/s, "
+                    f"{a.concurrency} clients, {n} requests -> {ran:.0f} server batches")
     finally:
-        srv.stop()
+        for proc in procs.values():
+            proc.stop()
+    rep["inproc"]["seq_s"] = wl["sequences"] * a.passes / sum(rep["inproc"]["pass_wall_s"])
+    for kind in a.kinds:
+        x = rep[kind]
+        x["saturation_seq_s"] = wl["sequences"] * a.passes / x["saturation_wall_s"]
+        x["max_abs_diff_vs_inproc"] = max(abs(u - v) for u, v in zip(x.pop("scores"), rep["inproc"]["scores"]))
+        say(f"  overhead {kind}: {1 - x['saturation_seq_s'] / rep['inproc']['seq_s']:+.1%}")
+    rep["inproc"].pop("scores")
+    return rep
 
 
 # ---- statistics and report ----------------------------------------------------------------------
@@ -444,7 +508,6 @@ def parse_args(argv=None):
     p.add_argument("--startup-timeout-s", type=float, default=300)
     p.add_argument("--rpc-timeout-s", type=float, default=300)
     p.add_argument("--note", default="")
-    p.add_argument("--quiet", action="store_true", help="hide the driver's per-pass lines")
     a = p.parse_args(argv)
     for k, v in PRESETS[a.preset].items():
         if getattr(a, k) is None:
@@ -480,9 +543,7 @@ def main(argv=None) -> int:
     say(f"workload: {wl['sequences']} sequences in {len(wl['sizes'])} full batches (sizes {wl['sizes']}), "
         f"{wl['dropped']} dropped; low-load request: {len(wl['small'])} sequences")
     batches_file = raw / "batches.json"
-    batches_file.write_text(json.dumps({"batches": wl["batches"]}))
-    probe_file = raw / "small.json"
-    probe_file.write_text(json.dumps({"batches": [wl["small"]]}))
+    batches_file.write_text(json.dumps({"batches": wl["batches"], "probe": wl["small"]}))
     reqs = [request_bytes(b) for b in wl["batches"]]
     small = request_bytes(wl["small"])
 
@@ -490,26 +551,8 @@ def main(argv=None) -> int:
     parity = run_parity(a)
     say(f"parity: max abs diff {parity['max_abs_diff']:.3g} vs {parity['reference']}")
 
-    configs = ["inproc", *a.kinds]
-    reps = []
     with tempfile.TemporaryDirectory(prefix="bench-cpp-") as tmpd:
-        tmp = pathlib.Path(tmpd)
-        for k in range(a.repeats):
-            order = configs[k % len(configs):] + configs[:k % len(configs)]
-            say(f"repetition {k + 1}/{a.repeats}: order {', '.join(order)}")
-            rep: dict = {"order": order}
-            for cfg in order:
-                if cfg == "inproc":
-                    rep["inproc"] = measure_inproc(a, batches_file, probe_file, raw, k + 1)
-                else:
-                    rep[cfg] = measure_server(cfg, a, wl, reqs, small, tmp)
-            for cfg in a.kinds:  # same batches, same runtime: the scores should agree
-                got, want = rep[cfg].pop("scores"), rep["inproc"]["scores"]
-                rep[cfg]["max_abs_diff_vs_inproc"] = max(abs(x - y) for x, y in zip(got, want))
-            rep["inproc"].pop("scores")
-            reps.append(rep)
-            for cfg in a.kinds:
-                say(f"  overhead {cfg}: {1 - rep[cfg]['saturation_seq_s'] / rep['inproc']['seq_s']:+.1%}")
+        reps = [repetition(k, a, wl, reqs, small, batches_file, pathlib.Path(tmpd)) for k in range(a.repeats)]
 
     rec = {
         "started": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -530,18 +573,6 @@ def main(argv=None) -> int:
     say(f"wrote {out / 'bench_cpp.json'} and {out / 'bench_cpp.md'}")
     print(md)
     return 0
-
-
-def measure_inproc(a, batches_file: pathlib.Path, probe_file: pathlib.Path, raw: pathlib.Path, k: int) -> dict:
-    say("  in-process: C++ driver over the batches")
-    d = run_driver(a, batches_file, raw / f"driver_rep{k}.json", a.passes,
-                   warmup_batches(a, len(json.loads(batches_file.read_text())["batches"])))
-    ps = run_driver(a, probe_file, raw / f"driver_small_rep{k}.json", a.probe_repetitions, 3)
-    small_ms = statistics.median(ps["batches"][0]["wall_s"]) * 1e3
-    say(f"  in-process: {d['sequences_per_s']:.1f} sequences/s; low-load request compute "
-        f"{small_ms:.2f} ms (median of {a.probe_repetitions})")
-    return {"seq_s": d["sequences_per_s"], "pass_wall_s": d["pass_wall_s"], "small_ms": small_ms,
-            "scores": d["scores_last_pass"]}
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 // LoadManifest, Pack and ModelRunner), minus gRPC, the queue and the batcher.
 //
 //   rmscore-ort-driver --batches in.json [--repetitions R] [--warmup W] [--out out.json] [server flags]
+//   rmscore-ort-driver --batches in.json --interactive [--warmup W] [server flags]
 //   rmscore-ort-driver --parity [server flags]
 //
 // Server flags (--model, --intra-op-threads, --inter-op-threads,
@@ -19,6 +20,11 @@
 // per batch). Output (stdout, or --out):
 // per-batch wall times, per-repetition sequences/s, and the pooled figure.
 //
+// --interactive keeps the session and takes commands on stdin, one JSON line
+// out per command, so a benchmark can alternate in-process passes with server
+// passes (scripts/bench_cpp.py): `pass` (one timed pass over every batch),
+// `probe R` (the file's "probe" batch R times), `quit` or end of input.
+//
 // --parity scores the manifest's golden inputs alone and as one padded
 // batch (ModelRunner::SelfCheck, the server's start-up check) and prints the
 // largest |score - eager fp32 golden score| as JSON.
@@ -30,6 +36,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -50,11 +57,13 @@ struct DriverArgs {
   int repetitions = 3;
   int warmup = 2;  // untimed batches
   bool parity = false;
+  bool interactive = false;
   std::vector<std::string> server_args;  // handed to rmscore::ParseConfig
 };
 
 const char* kUsage =
     "usage: rmscore-ort-driver --batches IN.json [--repetitions R] [--warmup W] [--out OUT.json] [server flags]\n"
+    "       rmscore-ort-driver --batches IN.json --interactive [--warmup W] [server flags]   (stdin: pass | probe R | quit)\n"
     "       rmscore-ort-driver --parity [server flags]\n"
     "server flags: those of rmscore-server-cpp that shape the session (--model, --intra-op-threads,\n"
     "--inter-op-threads, --graph-optimization-level, --precision, --device); others are accepted and unused.\n";
@@ -100,6 +109,8 @@ DriverArgs ParseArgs(int argc, char** argv) {
       a.warmup = PositiveInt(arg, take(), 0);
     } else if (arg == "--parity") {
       a.parity = true;
+    } else if (arg == "--interactive") {
+      a.interactive = true;
     } else {
       a.server_args.push_back(argv[i]);
     }
@@ -110,9 +121,20 @@ DriverArgs ParseArgs(int argc, char** argv) {
 
 // Batches of token ids, checked against the model's limits (the server would
 // refuse the request, so the driver refuses the file).
-std::vector<std::vector<std::vector<int64_t>>> LoadBatches(const std::string& path, const rmscore::Manifest& m) {
+using Batches = std::vector<std::vector<std::vector<int64_t>>>;
+
+Batches LoadBatches(const std::string& path, const rmscore::Manifest& m, const char* key = "batches") {
   json doc = json::parse(rmscore::ReadFile(path));
-  if (doc.is_object()) doc = doc.at("batches");
+  if (doc.is_object()) {
+    if (std::string(key) == "probe") {
+      if (!doc.contains("probe")) return {};
+      doc = json::array({doc["probe"]});
+    } else {
+      doc = doc.at(key);
+    }
+  } else if (std::string(key) == "probe") {
+    return {};
+  }
   if (!doc.is_array() || doc.empty()) throw std::runtime_error(path + ": expected a non-empty list of batches");
   std::vector<std::vector<std::vector<int64_t>>> batches;
   for (size_t b = 0; b < doc.size(); ++b) {
@@ -159,6 +181,70 @@ int Parity(const rmscore::Config& cfg, const rmscore::Manifest& m, rmscore::Mode
               {"session", SessionJson(cfg, runner)}};
   std::cout << out.dump() << std::endl;
   return std::isfinite(diff) ? 0 : 1;
+}
+
+std::vector<std::vector<rmscore::SeqView>> Views(const Batches& batches) {
+  std::vector<std::vector<rmscore::SeqView>> views(batches.size());
+  for (size_t b = 0; b < batches.size(); ++b) {
+    for (const auto& ids : batches[b]) views[b].push_back(rmscore::SeqView{ids.data(), int64_t(ids.size())});
+  }
+  return views;
+}
+
+double TimedRun(rmscore::ModelRunner& runner, const std::vector<rmscore::SeqView>& v, int64_t pad,
+                std::vector<float>* scores) {
+  const auto t0 = Clock::now();
+  std::vector<float> s = runner.Run(rmscore::Pack(v, pad));
+  const double w = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (scores) scores->insert(scores->end(), s.begin(), s.end());
+  return w;
+}
+
+int Interactive(const DriverArgs& a, const rmscore::Manifest& m, rmscore::ModelRunner& runner) {
+  const Batches batches = LoadBatches(a.batches_path, m);
+  const Batches probe = LoadBatches(a.batches_path, m, "probe");
+  const auto views = Views(batches), probe_views = Views(probe);
+  int64_t sequences = 0;
+  for (const auto& b : batches) sequences += int64_t(b.size());
+  for (int w = 0; w < a.warmup; ++w) TimedRun(runner, views[size_t(w) % views.size()], m.pad_token_id, nullptr);
+  if (!probe_views.empty()) TimedRun(runner, probe_views[0], m.pad_token_id, nullptr);
+  std::cout << json{{"ready", true}, {"batches", batches.size()}, {"sequences", sequences}}.dump() << std::endl;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string cmd;
+    in >> cmd;
+    json out;
+    if (cmd == "pass") {
+      std::vector<double> walls;
+      std::vector<float> scores;
+      double total = 0;
+      for (const auto& v : views) {
+        walls.push_back(TimedRun(runner, v, m.pad_token_id, &scores));
+        total += walls.back();
+      }
+      out = {{"pass_wall_s", total}, {"batch_wall_s", walls}, {"sequences", sequences},
+             {"sequences_per_s", double(sequences) / total}, {"scores", scores}};
+    } else if (cmd == "probe") {
+      int reps = 1;
+      in >> reps;
+      if (probe_views.empty()) {
+        out = {{"error", "no \"probe\" batch in " + a.batches_path}};
+      } else {
+        std::vector<double> walls;
+        for (int r = 0; r < std::max(1, reps); ++r) walls.push_back(TimedRun(runner, probe_views[0], m.pad_token_id, nullptr));
+        out = {{"probe_wall_s", walls}, {"median_wall_s", Median(walls)}};
+      }
+    } else if (cmd == "quit") {
+      break;
+    } else if (cmd.empty()) {
+      continue;
+    } else {
+      out = {{"error", "unknown command '" + cmd + "' (pass | probe R | quit)"}};
+    }
+    std::cout << out.dump() << std::endl;
+  }
+  return 0;
 }
 
 int Bench(const DriverArgs& a, const rmscore::Config& cfg, const rmscore::Manifest& m, rmscore::ModelRunner& runner) {
@@ -259,7 +345,8 @@ int main(int argc, char** argv) {
   try {
     const rmscore::Manifest manifest = rmscore::LoadManifest(cfg.model_dir);
     rmscore::ModelRunner runner(cfg, manifest);
-    return args.parity ? Parity(cfg, manifest, runner) : Bench(args, cfg, manifest, runner);
+    if (args.parity) return Parity(cfg, manifest, runner);
+    return args.interactive ? Interactive(args, manifest, runner) : Bench(args, cfg, manifest, runner);
   } catch (const std::exception& e) {
     std::cerr << "rmscore-ort-driver: " << e.what() << std::endl;
     return 1;
