@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..config import ServeConfig
 from ..errors import Code, ScoreError
 from ..validation import SeqInput
+from . import openrlhf
 from .core import SERVING, ScoringCore, write_port_file
 
 
@@ -121,7 +122,7 @@ def create_app(core: ScoringCore) -> FastAPI:
     async def metrics():
         return Response(generate_latest(core.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    __import__("rmscore.server.openrlhf", fromlist=["register"]).register(app, core)  # OpenRLHF POST /get_reward
+    openrlhf.register(app, core)  # POST /get_reward, OpenRLHF's remote reward protocol
     return app
 
 
