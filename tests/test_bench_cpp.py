@@ -56,8 +56,8 @@ def test_driver_parity_within_1e5_of_eager_golden():
 
 @needs_driver
 def test_driver_bad_flag_and_bad_batches_exit_with_a_reason(tmp_path):
-    p = subprocess.run([str(DRIVER), "--parity", "--intra-op-threads", "0"], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 2 and "--intra-op-threads" in p.stderr
+    p = subprocess.run([str(DRIVER), "--parity", "--max-batch-size", "0"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--max-batch-size: must be >= 1, got 0" in p.stderr
     bad = tmp_path / "b.json"
     bad.write_text(json.dumps([[[101, 40000, 102]]]))
     p = subprocess.run([str(DRIVER), "--batches", str(bad), "--model", str(MODEL)], capture_output=True, text=True,
@@ -67,7 +67,7 @@ def test_driver_bad_flag_and_bad_batches_exit_with_a_reason(tmp_path):
 
 @needs_driver
 def test_driver_batch_mode_and_interactive_mode_agree(tmp_path):
-    batches = [[[101] + [2000 + i] * 20 + [102], [101, 3000, 102]], [[101] + [4000] * 40 + [102]]]
+    batches = [[[101] + [2000] * 20 + [102], [101, 3000, 102]], [[101] + [4000] * 40 + [102]]]
     f = tmp_path / "batches.json"
     f.write_text(json.dumps({"batches": batches, "probe": [[101, 5000, 102]]}))
     out = tmp_path / "out.json"
