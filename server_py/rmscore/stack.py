@@ -32,6 +32,10 @@ LAYOUT = {
 }
 
 
+# Rollouts in flight when the run time ends finish (up to this long) instead of counting as failures.
+STOP_TIMEOUT_S = 60
+
+
 class StackError(RuntimeError):
     pass
 
@@ -111,7 +115,7 @@ def run_locust(stack: Stack, kinds: list[str], users_per_server: int, seconds: i
     out = stack.run_dir / "locust.json"
     cmd = [str(pathlib.Path(sys.executable).with_name("locust")), "-f", str(ROOT / "loadtest/rlhf_client.py"),
            "--headless", "-u", str(users_per_server * len(kinds)), "-r", str(users_per_server * len(kinds)),
-           "-t", f"{seconds}s", "--json-file", str(out.with_suffix("")), "--only-summary",
+           "-t", f"{seconds}s", "--stop-timeout", str(STOP_TIMEOUT_S), "--json-file", str(out.with_suffix("")), "--only-summary",
            "--csv", str(stack.run_dir / "locust")]
     for kind, (port, _, option) in LAYOUT.items():
         target = ("off" if kind not in kinds else
@@ -120,10 +124,10 @@ def run_locust(stack: Stack, kinds: list[str], users_per_server: int, seconds: i
     print(f"[up] Locust: {users_per_server} trainer rank(s) per server for {seconds} s ...", flush=True)
     proc = stack.spawn("locust", cmd)
     try:
-        proc.popen.wait(seconds + 60)
+        proc.popen.wait(seconds + STOP_TIMEOUT_S + 60)
     except subprocess.TimeoutExpired:
         proc.popen.terminate()  # Locust stops at -t by itself; one that does not is hung
-        raise StackError(f"Locust did not finish within {seconds + 60} s (log {proc.log}):\n"
+        raise StackError(f"Locust did not finish within {seconds + STOP_TIMEOUT_S + 60} s (log {proc.log}):\n"
                          f"{proc.log.read_text()[-3000:]}") from None
     if not out.exists():
         raise StackError(f"Locust wrote no results (log {proc.log}):\n{proc.log.read_text()[-3000:]}")
