@@ -86,8 +86,8 @@ const std::map<std::string, Setter>& Setters() {
          // gRPC takes an int for the receive limit.
          c.max_request_bytes = ParseInt(f, v, 1, INT32_MAX);
        }},
-      {"--intra-op-threads", [](Config& c, auto& f, auto& v) { c.intra_op_threads = int(ParseInt(f, v, 0, 1024)); }},
-      {"--inter-op-threads", [](Config& c, auto& f, auto& v) { c.inter_op_threads = int(ParseInt(f, v, 0, 1024)); }},
+      {"--intra-op-threads", [](Config& c, auto& f, auto& v) { c.intra_op_threads = int(ParseInt(f, v, 1, 1024)); }},
+      {"--inter-op-threads", [](Config& c, auto& f, auto& v) { c.inter_op_threads = int(ParseInt(f, v, 1, 1024)); }},
       {"--graph-optimization-level", [](Config& c, auto& f, auto& v) {
          c.graph_optimization_level = ParseChoice<GraphOptLevel>(
              f, v, {{"disable", GraphOptLevel::kDisable}, {"basic", GraphOptLevel::kBasic},
