@@ -237,3 +237,52 @@ def test_bad_arguments_are_refused(tmp_path):
     proc = _bench(tmp_path, "--kinds", "py-grpc-nonsense", "--repeats", "0", timeout=60)
     assert proc.returncode != 0
     assert "unknown kind 'py-grpc-nonsense'" in proc.stderr and "--repeats" in proc.stderr
+
+
+# ---- the study's claims on a hand-made run ----------------------------------------------------
+def _claims_record(eager_makespans=(3.0, 3.1, 3.2), eager_throughput=(10, 11, 12)) -> dict:
+    sessions = []
+    for cid, tps, mks in (("cpp-grpc/length_aware", (20, 21, 22), (1.0, 1.1, 1.2)),
+                          ("py-grpc-onnxruntime/length_aware", (20, 21, 22), (1.0, 1.1, 1.2)),
+                          ("py-grpc-eager/length_aware", eager_throughput, eager_makespans)):
+        for rep, (t, m) in enumerate(zip(tps, mks)):
+            x = _session(cid, rep, t, m)
+            if rep == 0:
+                x["parity_scores"] = [0.1 + 1e-6, 0.2] if cid.startswith("cpp") else [0.1, 0.2]
+            sessions.append(x)
+    policy = lambda t: {"throughput_seq_s": t, "makespan_s": 100 / t, "padding_efficiency": 1.0, "batches": 4,  # noqa: E731
+                        "max_abs_score_diff_vs_no_batching": 0.0}
+    return {
+        "settings": {"concurrency": [4], "modes": ["isolated"], "batching": ["length_aware"]},
+        "configs": [{"id": c, "backend": "x"} for c in ("cpp-grpc/length_aware", "py-grpc-onnxruntime/length_aware",
+                                                        "py-grpc-eager/length_aware")],
+        "sessions": sessions,
+        "inproc": {
+            "runtimes": {"onnxruntime": {"reps": [{"throughput_seq_s": t, "makespan_s": 64 / t} for t in (20, 21, 22)]},
+                         "eager": {"reps": [{"throughput_seq_s": t, "makespan_s": 64 / t} for t in (10, 11, 12)]}},
+            "ablation": {"reps": [{"policies": {"no_batching": policy(a), "fifo_fixed": policy(b)}}
+                                  for a, b in ((40, 10), (41, 11), (42, 12))]},
+            "parity_scores": {"eager": [0.1, 0.2], "onnxruntime": [0.1, 0.2 + 2e-6]},
+        },
+    }
+
+
+def test_study_claims_verdicts():
+    from rmscore.bench.report import study_claims
+
+    record = _claims_record()
+    claims = {c["claim"]: c["agrees"] for c in study_claims(record, summarise(record))}
+    assert claims["C++ ORT matches PyTorch to 5.7e-06"] == "yes"
+    assert claims["C++ ORT beats py-grpc-eager (length_aware) with non-overlapping CIs"] == "yes"
+    assert claims["the gain comes from ORT, not from C++ (length_aware)"] == "yes"
+    # Batching 3.6x (separated) against ORT/eager 1.9x (separated) and C++/Python 1.0x (overlap).
+    assert claims["batching strategy matters more than language or runtime"].startswith("yes")
+
+    # Eager overlapping the C++ server: not reproduced (never "refuted" on overlap alone) ...
+    record = _claims_record(eager_makespans=(0.5, 1.1, 1.7), eager_throughput=(15, 21, 27))
+    claims = {c["claim"]: c["agrees"] for c in study_claims(record, summarise(record))}
+    assert claims["C++ ORT beats py-grpc-eager (length_aware) with non-overlapping CIs"].startswith("not reproduced")
+    # ... and eager ahead with separated intervals: contradicted.
+    record = _claims_record(eager_makespans=(0.5, 0.51, 0.52), eager_throughput=(40, 41, 42))
+    claims = {c["claim"]: c["agrees"] for c in study_claims(record, summarise(record))}
+    assert claims["C++ ORT beats py-grpc-eager (length_aware) with non-overlapping CIs"].startswith("no")
