@@ -6,9 +6,12 @@ sequences sent as chunks all in flight together, as a trainer rank does.
 
 * closed loop, concurrency C: C workers, each sends its next request as soon as
   the previous one is answered. The measurement window opens once every worker
-  has had an answer (and at least `settle_s` passed): the pipeline is full.
-  Throughput counts the sequences of requests answered inside the window;
-  latency is per request, over the same requests.
+  has had an answer (and at least `settle_s` passed): the pipeline is full. It
+  stays open `window_s`, and longer if needed until C more answers came (one
+  round). Throughput is measured from answer to answer: the sequences answered
+  after the last answer before the window opened, up to the last answer in the
+  window, over that span (`window_s` in the output). Latency is per request,
+  over the same requests.
 * open loop, rate R: requests arrive as a Poisson process at R sequences/s,
   whatever the server does; latency runs from the scheduled arrival (so a late
   send counts against the server, no coordinated omission). At most
@@ -106,8 +109,7 @@ async def _one(client, req, t0: float, sent_at: float, records: list) -> str | N
 
 async def closed_loop(client, requests: list, concurrency: int, window_s: float, settle_s: float = 0.0,
                       drain_timeout_s: float = 60.0, max_settle_s: float = 120.0) -> dict:
-    """C workers back to back. The window opens once settle_s has passed and every worker has had
-    an answer (the pipeline is full: steady state), or after max_settle_s; it lasts window_s."""
+    """C workers back to back; see the module docstring for the window and the estimator."""
     records: list = []
     answered = [0] * concurrency
     everyone = asyncio.Event()
@@ -133,15 +135,28 @@ async def closed_loop(client, requests: list, concurrency: int, window_s: float,
         pass
     t_open = time.perf_counter() - t0
     await asyncio.sleep(window_s)
+    # At least one answer per worker inside the window, so that a slow server is not measured on
+    # a fraction of one round of requests (bounded by max_settle_s).
+    while (sum(1 for r in records if r[0] > t_open) < concurrency
+           and time.perf_counter() - t0 < t_open + max(window_s, max_settle_s)):
+        await asyncio.sleep(0.02)
+    t_close = time.perf_counter() - t0
     stop = True
     done, pending = await asyncio.wait(tasks, timeout=drain_timeout_s)
     for t in pending:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    # Requests answered inside the window count (steady-state completions).
-    measured = [r for r in records if r[0] >= t_open]
-    out = _summarise(measured, window_s, t_open + window_s)
-    out.update(concurrency=concurrency, settle_s=round(t_open, 3), cancelled_at_drain=len(pending))
+    # Completion to completion: from the last answer at or before the window opened to the last
+    # answer inside it. Answers in a closed loop come in waves (the workers start together and a
+    # batching server finishes their requests together); counting between two answers, not over
+    # a fixed span that starts right after a wave, keeps the rate unbiased.
+    anchor = max((r[0] for r in records if r[0] <= t_open), default=t_open)
+    measured = [r for r in records if anchor < r[0] <= t_close]
+    ok = [r for r in measured if r[3] is None]
+    span = (max(r[0] for r in ok) - anchor) if ok else (t_close - t_open)
+    out = _summarise(measured, span, t_close)
+    out.update(concurrency=concurrency, settle_s=round(t_open, 3), window_open_s=round(t_close - t_open, 3),
+               cancelled_at_drain=len(pending))
     return out
 
 
