@@ -183,6 +183,10 @@ class Bench:
                 for mode in self.s.modes:
                     groups = [[c] for c in configs] if mode == "isolated" else \
                         [[c for c in configs if c.batching == b] for b in self.s.batching]
+                    # Rotate the order per repetition: drifting machine load then falls on every
+                    # configuration in turn instead of always on the first one.
+                    k = rep % len(groups) if groups else 0
+                    groups = groups[k:] + groups[:k]
                     for group in groups:
                         if group and not self.stopping:
                             record["sessions"] += asyncio.run(self._group(group, mode, rep, bar))
