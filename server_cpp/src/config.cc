@@ -1,8 +1,11 @@
 #include "config.h"
 
 #include <cmath>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -42,6 +45,11 @@ double ParseNumber(const std::string& flag, const std::string& v, double min) {
     Fail(flag, m.str());
   }
   return x;
+}
+
+std::string NonEmpty(const std::string& flag, const std::string& v) {
+  if (v.empty()) Fail(flag, "must not be empty");
+  return v;
 }
 
 template <typename E>
@@ -100,8 +108,47 @@ const std::map<std::string, Setter>& Setters() {
          c.device = ParseChoice<Device>(f, v, {{"cpu", Device::kCpu}, {"cuda", Device::kCuda}});
        }},
       {"--drain-grace-seconds", [](Config& c, auto& f, auto& v) { c.drain_grace_seconds = ParseNumber(f, v, 0); }},
+      {"--tls-cert-file", [](Config& c, auto& f, auto& v) { c.tls_cert_file = NonEmpty(f, v); }},
+      {"--tls-key-file", [](Config& c, auto& f, auto& v) { c.tls_key_file = NonEmpty(f, v); }},
+      {"--auth-token-file", [](Config& c, auto& f, auto& v) { c.auth_token_file = NonEmpty(f, v); }},
   };
   return setters;
+}
+
+// The whole file, or nullopt when it cannot be opened and read as a regular file.
+std::optional<std::string> ReadWhole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return std::nullopt;  // e.g. a directory: opens, but reading fails
+  return data;
+}
+
+// Same rules and messages as server_py/rmscore/config.py.
+void CheckAccessFlags(Config& c) {
+  if (!c.tls_cert_file.empty() && c.tls_key_file.empty()) {
+    Fail("--tls-cert-file", "needs --tls-key-file too (TLS takes both or neither), got '" + c.tls_cert_file + "'");
+  }
+  if (!c.tls_key_file.empty() && c.tls_cert_file.empty()) {
+    Fail("--tls-key-file", "needs --tls-cert-file too (TLS takes both or neither), got '" + c.tls_key_file + "'");
+  }
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string*>{"--tls-cert-file", &c.tls_cert_file},
+                                   {"--tls-key-file", &c.tls_key_file}}) {
+    if (!path->empty() && !ReadWhole(*path)) Fail(flag, "cannot read the file, got '" + *path + "'");
+  }
+  if (c.auth_token_file.empty()) return;
+  const std::optional<std::string> raw = ReadWhole(c.auth_token_file);
+  if (!raw) Fail("--auth-token-file", "cannot read the file, got '" + c.auth_token_file + "'");
+  const char* space = " \t\r\n\f\v";
+  const size_t first = raw->find_first_not_of(space);
+  if (first == std::string::npos) Fail("--auth-token-file", "the file holds no token, got '" + c.auth_token_file + "'");
+  c.auth_token = raw->substr(first, raw->find_last_not_of(space) - first + 1);
+  // It travels in a header: visible ASCII only (the token itself is never printed).
+  for (char ch : c.auth_token) {
+    if (ch < 0x21 || ch > 0x7e) {
+      Fail("--auth-token-file", "the token must be printable ASCII without spaces, got '" + c.auth_token_file + "'");
+    }
+  }
 }
 
 }  // namespace
@@ -132,6 +179,7 @@ Config ParseConfig(const std::vector<std::string>& args, bool* help_requested) {
     }
     it->second(c, flag, value);
   }
+  CheckAccessFlags(c);
   return c;
 }
 
@@ -144,6 +192,8 @@ std::string Usage() {
          "  --max-request-bytes 16777216  --intra-op-threads 2  --inter-op-threads 1\n"
          "  --graph-optimization-level disable|basic|extended|all  --precision fp32|int8\n"
          "  --device cpu|cuda  --drain-grace-seconds 30\n"
+         "  --tls-cert-file PEM --tls-key-file PEM (both or neither; default: plaintext)\n"
+         "  --auth-token-file PATH (shared bearer token; default: none)\n"
          "See docs/contract.md and docs/cpp_server.md.\n";
 }
 

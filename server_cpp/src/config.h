@@ -33,6 +33,15 @@ struct Config {
   Precision precision = Precision::kFp32;
   Device device = Device::kCpu;
   double drain_grace_seconds = 30;
+  // Transport security and the shared bearer token (docs/contract.md, "Access
+  // control"). Empty: off. Checked at parse time: TLS takes both files or
+  // neither, every file must be readable, the token file must hold a token.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string auth_token_file;
+  std::string auth_token;  // the token file's content, surrounding whitespace stripped
+
+  bool tls() const { return !tls_cert_file.empty(); }
 
   int64_t max_queue_delay_us() const;
 };
@@ -43,7 +52,8 @@ struct ConfigError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Parses `--flag value` and `--flag=value`. Throws ConfigError. `--help` is
+// Parses `--flag value` and `--flag=value`, then checks the flags that go
+// together (TLS files) and reads the token file. Throws ConfigError. `--help` is
 // reported through *help_requested (no other flags are checked then).
 Config ParseConfig(const std::vector<std::string>& args, bool* help_requested);
 

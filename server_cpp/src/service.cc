@@ -1,6 +1,10 @@
 #include "service.h"
 
+#include <grpc/grpc_security.h>
+
 #include <deque>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <unordered_map>
 
@@ -206,7 +210,97 @@ class StreamCall final : public grpc::ServerBidiReactor<v1::ScoreStreamRequest, 
   bool writing_ = false, reads_done_ = false, cancelled_ = false, broken_ = false, finished_ = false;
 };
 
+// The token check runs in gRPC core's server auth filter, before any service
+// sees the call, so it covers reflection too. gRPC 1.51's C++ API only takes
+// an AuthMetadataProcessor on TLS credentials (InsecureServerCredentials
+// asserts), so the port is added with C-core credentials, where plaintext
+// credentials take a processor as well: one check for both.
+struct TokenCheck {
+  std::string token;
+  Metrics* metrics;
+};
+
+std::string_view View(const grpc_slice& s) {
+  return {reinterpret_cast<const char*>(GRPC_SLICE_START_PTR(s)), GRPC_SLICE_LENGTH(s)};
+}
+
+void CheckToken(void* state, grpc_auth_context*, const grpc_metadata* md, size_t num_md,
+                grpc_process_auth_metadata_done_cb done, void* user_data) {
+  const auto* check = static_cast<const TokenCheck*>(state);
+  std::string_view path, authorization;
+  for (size_t i = 0; i < num_md; ++i) {
+    const std::string_view key = View(md[i].key);
+    if (key == ":path") path = View(md[i].value);
+    if (key == "authorization") authorization = View(md[i].value);
+  }
+  // Health stays open: Kubernetes probes and load balancers send no token.
+  const bool exempt = path.rfind("/grpc.health.v1.Health/", 0) == 0;
+  if (exempt || BearerMatches(authorization, check->token)) {
+    done(user_data, nullptr, 0, nullptr, 0, GRPC_STATUS_OK, nullptr);
+    return;
+  }
+  check->metrics->RequestAnswered(grpc::StatusCode::UNAUTHENTICATED, 0);
+  done(user_data, nullptr, 0, nullptr, 0, GRPC_STATUS_UNAUTHENTICATED, kUnauthenticatedMessage);
+}
+
+class CoreCredentials final : public grpc::ServerCredentials {
+ public:
+  explicit CoreCredentials(grpc_server_credentials* creds) : creds_(creds) {}
+  ~CoreCredentials() override { grpc_server_credentials_release(creds_); }
+  void SetAuthMetadataProcessor(const std::shared_ptr<grpc::AuthMetadataProcessor>&) override {
+    throw std::logic_error("CoreCredentials: set the processor on the C credentials");
+  }
+
+ private:
+  int AddPortToServer(const std::string& addr, grpc_server* server) override {
+    return grpc_server_add_http2_port(server, addr.c_str(), creds_);
+  }
+  grpc_server_credentials* const creds_;
+};
+
+std::string ReadPem(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in && !in.eof()) throw std::runtime_error("cannot read " + path);
+  return data;
+}
+
 }  // namespace
+
+bool BearerMatches(std::string_view header_value, std::string_view token) {
+  constexpr std::string_view kScheme = "Bearer ";
+  // Always walk the whole expected value, whatever the header holds.
+  const size_t want = kScheme.size() + token.size();
+  unsigned char diff = header_value.size() == want ? 0 : 1;
+  for (size_t i = 0; i < want; ++i) {
+    const char expected = i < kScheme.size() ? kScheme[i] : token[i - kScheme.size()];
+    const char got = i < header_value.size() ? header_value[i] : 0;
+    diff |= static_cast<unsigned char>(expected ^ got);
+  }
+  return diff == 0;
+}
+
+std::shared_ptr<grpc::ServerCredentials> ServerCredentialsFor(const Config& cfg, Metrics* metrics) {
+  if (!cfg.tls() && cfg.auth_token.empty()) return grpc::InsecureServerCredentials();
+  grpc_server_credentials* creds = nullptr;
+  if (cfg.tls()) {
+    const std::string key = ReadPem(cfg.tls_key_file), cert = ReadPem(cfg.tls_cert_file);
+    grpc_ssl_pem_key_cert_pair pair{key.c_str(), cert.c_str()};
+    creds = grpc_ssl_server_credentials_create_ex(nullptr, &pair, 1, GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+                                                  nullptr);
+    if (creds == nullptr) throw std::runtime_error("cannot use --tls-cert-file / --tls-key-file as a TLS key pair");
+  } else {
+    creds = grpc_insecure_server_credentials_create();
+  }
+  if (!cfg.auth_token.empty()) {
+    grpc_auth_metadata_processor processor{};
+    processor.process = CheckToken;
+    processor.destroy = [](void* state) { delete static_cast<TokenCheck*>(state); };
+    processor.state = new TokenCheck{cfg.auth_token, metrics};
+    grpc_server_credentials_set_auth_metadata_processor(creds, processor);
+  }
+  return std::make_shared<CoreCredentials>(creds);
+}
 
 std::optional<Clock::time_point> SteadyDeadline(const grpc::CallbackServerContext& ctx) {
   const auto deadline = ctx.deadline();

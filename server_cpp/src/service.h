@@ -4,7 +4,11 @@
 #pragma once
 
 #include <atomic>
+#include <memory>
 #include <string>
+#include <string_view>
+
+#include <grpcpp/security/server_credentials.h>
 
 #include "batcher.h"
 #include "config.h"
@@ -48,6 +52,18 @@ class RewardModelService final : public v1::RewardModel::CallbackService {
   std::atomic<int> state_{kWarmingUp};
   std::atomic<Batcher*> batcher_{nullptr};
 };
+
+// The refusal of a call without the right token (docs/contract.md), the same in every server.
+inline constexpr const char* kUnauthenticatedMessage = "missing or invalid bearer token";
+
+// The listening port's credentials: TLS when cfg has a certificate, and when
+// cfg has a token, `authorization: Bearer <token>` required on every call
+// (reflection included) except grpc.health.v1.Health, refused UNAUTHENTICATED.
+std::shared_ptr<grpc::ServerCredentials> ServerCredentialsFor(const Config& cfg, Metrics* metrics);
+
+// Whether an authorization header value is "Bearer <token>", in time that
+// does not depend on where the two first differ.
+bool BearerMatches(std::string_view header_value, std::string_view token);
 
 // The call's deadline on the steady clock; nullopt when the client set none.
 std::optional<Clock::time_point> SteadyDeadline(const grpc::CallbackServerContext& ctx);
