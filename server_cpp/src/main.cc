@@ -68,7 +68,7 @@ int Run(const Config& cfg, const sigset_t& signals) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(cfg.host + ":" + std::to_string(cfg.port), grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(cfg.host + ":" + std::to_string(cfg.port), ServerCredentialsFor(cfg, &metrics), &port);
   builder.SetMaxReceiveMessageSize(int(cfg.max_request_bytes));
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
