@@ -1,0 +1,58 @@
+"""Fuzz target: the FastAPI front end's JSON decoding and validation.
+
+Bytes are POSTed as the body of `/v1/score` and of `/get_reward` to the real app
+(`create_app` over the real core, behind the same body-size middleware `run` uses),
+in process through Starlette's TestClient, which re-raises any exception the app
+lets escape. The core is marked serving and its queue (`score_ids`, the batcher and
+the model, not under test here) is replaced by a check of the validated sequences
+that answers zeros. Every answer must be 200 with one score per sequence, or the
+contract's error body. Seeds: corpus/py_http/.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+from fuzz_common import check_sequences, core, main
+
+ERROR_STATUSES = {422: "INVALID_ARGUMENT", 413: "RESOURCE_EXHAUSTED"}
+
+
+@functools.cache
+def client():
+    from fastapi.testclient import TestClient
+
+    from rmscore.batcher import Result
+    from rmscore.server.core import SERVING
+    from rmscore.server.http_server import _LimitBody, create_app
+
+    c = core()
+
+    async def score_ids(seqs, deadline_s):
+        check_sequences(seqs, len(seqs))
+        return Result(scores=[0.0] * len(seqs), total_ms=0.0, inference_ms=0.0)
+
+    c.score_ids = score_ids
+    c.state = SERVING
+    app = _LimitBody(create_app(c), c.cfg.max_request_bytes)
+    return TestClient(app, raise_server_exceptions=True)
+
+
+def one_input(data: bytes) -> None:
+    http = client()
+    for route in ("/v1/score", "/get_reward"):
+        r = http.post(route, content=data, headers={"content-type": "application/json"})
+        body = r.json()
+        if r.status_code == 200:
+            sent = json.loads(data)  # it was accepted, so it is JSON with the route's list
+            scores, n = (body["rewards"], len(sent["query"])) if route == "/get_reward" else \
+                (body["scores"], len(sent["sequences"]))
+            assert len(scores) == n and all(s == 0.0 for s in scores), (n, body)
+        else:
+            assert ERROR_STATUSES.get(r.status_code) == body["error"]["code"], (r.status_code, body)
+            assert isinstance(body["error"]["message"], str) and body["error"]["message"], body
+
+
+if __name__ == "__main__":
+    main(one_input)
