@@ -44,6 +44,8 @@ class RunningServer:
     metrics_port: int
     log_path: pathlib.Path
     flags: dict = field(default_factory=dict)
+    #: The root that verifies the server's certificate (None: plaintext server).
+    tls_ca_file: pathlib.Path | None = None
 
     @property
     def target(self) -> str:
@@ -51,9 +53,13 @@ class RunningServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls_ca_file else 'http'}://127.0.0.1:{self.port}"
 
     def metrics_text(self) -> str:
+        # The HTTP server serves /metrics on its own (TLS, if on) port; the gRPC servers on a plain one.
+        if self.transport == "http" and self.tls_ca_file:
+            return httpx.get(f"https://127.0.0.1:{self.metrics_port}/metrics", timeout=10,
+                             verify=launch.ssl_context(self.tls_ca_file)).text
         return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).text
 
     def log(self) -> str:
@@ -77,8 +83,13 @@ def command(kind: str, model: pathlib.Path = MODEL, **flags) -> list[str]:
     return launch.command(kind, **{"model": str(model), "max_queue_delay_ms": 2, "intra_op_threads": 1, **flags})
 
 
-def start(kind: str, ready_timeout_s: float = 400, wait_ready: bool = True, **flags) -> RunningServer:
+def start(kind: str, ready_timeout_s: float = 400, wait_ready: bool = True,
+          tls_ca_file: str | pathlib.Path | None = None, **flags) -> RunningServer:
+    """`tls_ca_file`: what verifies the server's certificate (default: `tls_cert_file` itself,
+    right for the self-signed certificates tests make)."""
     transport = launch.transport(kind)
+    if tls_ca_file is None and flags.get("tls_cert_file"):
+        tls_ca_file = flags["tls_cert_file"]
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"rmscore-{kind}-"))
     port_file, log_path = tmp / "ports.json", tmp / "server.log"
     cmd = command(kind, port=0, metrics_port=0, port_file=port_file, **flags)
@@ -92,7 +103,8 @@ def start(kind: str, ready_timeout_s: float = 400, wait_ready: bool = True, **fl
             raise RuntimeError(f"{kind} did not bind (exit {proc.poll()}):\n{log_path.read_text()}")
         time.sleep(0.05)
     ports = json.loads(port_file.read_text())
-    server = RunningServer(kind, transport, proc, ports["port"], ports["metrics_port"], log_path, flags)
+    server = RunningServer(kind, transport, proc, ports["port"], ports["metrics_port"], log_path, flags,
+                           pathlib.Path(tls_ca_file) if tls_ca_file else None)
     if wait_ready:
         try:
             wait_until_ready(server, deadline)
@@ -103,8 +115,8 @@ def start(kind: str, ready_timeout_s: float = 400, wait_ready: bool = True, **fl
 
 
 def is_ready(server: RunningServer) -> bool:
-    return launch.is_ready(server.kind, server.port)
+    return launch.is_ready(server.kind, server.port, tls_ca_file=server.tls_ca_file)
 
 
 def wait_until_ready(server: RunningServer, deadline: float) -> None:
-    launch.wait_ready(server.kind, server.port, server.proc, deadline, server.log_path)
+    launch.wait_ready(server.kind, server.port, server.proc, deadline, server.log_path, server.tls_ca_file)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .planner import MODES, PlannerConfig
 
@@ -21,6 +21,18 @@ PRECISIONS = ("fp32", "int8", "bf16", "fp16")
 
 class ConfigError(ValueError):
     pass
+
+
+def _read(path: pathlib.Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+# What a header value may hold (RFC 7230 visible ASCII; gRPC metadata allows the same).
+_TOKEN_BYTES = frozenset(range(0x21, 0x7F))
+_SPACE = b" \t\r\n\f\v"
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,13 @@ class ServeConfig:
     precision: str = "fp32"
     device: str = "cpu"
     drain_grace_seconds: float = 30.0
+    # Access control (docs/contract.md): TLS with both files, a shared bearer token from a
+    # file (never a flag value, so it does not show in `ps`). None: off.
+    tls_cert_file: pathlib.Path | None = None
+    tls_key_file: pathlib.Path | None = None
+    auth_token_file: pathlib.Path | None = None
+    #: The token file's content, whitespace around it stripped; read once, at config time.
+    auth_token: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         def check(ok: bool, flag: str, rule: str, value) -> None:
@@ -75,8 +94,33 @@ class ServeConfig:
         check(self.drain_grace_seconds > 0, "drain-grace-seconds", "must be > 0", self.drain_grace_seconds)
         check(self.max_sequences_per_request <= self.max_queue_sequences, "max-sequences-per-request",
               f"must be <= --max-queue-sequences ({self.max_queue_sequences})", self.max_sequences_per_request)
+        self._check_access(check)
         check((self.model / "manifest.json").is_file(), "model",
               "must be a model repository with manifest.json (create one with `rmscore export`)", str(self.model))
+
+    def _check_access(self, check) -> None:
+        """Same rules and messages as the C++ server (server_cpp/src/config.cc)."""
+        cert, key = self.tls_cert_file, self.tls_key_file
+        check(cert is None or key is not None, "tls-cert-file",
+              "needs --tls-key-file too (TLS takes both or neither)", str(cert))
+        check(key is None or cert is not None, "tls-key-file",
+              "needs --tls-cert-file too (TLS takes both or neither)", str(key))
+        for flag, path in (("tls-cert-file", cert), ("tls-key-file", key)):
+            check(path is None or _read(path) is not None, flag, "cannot read the file", str(path))
+        if self.auth_token_file is None:
+            return
+        raw = _read(self.auth_token_file)
+        check(raw is not None, "auth-token-file", "cannot read the file", str(self.auth_token_file))
+        token = raw.strip(_SPACE)
+        check(bool(token), "auth-token-file", "the file holds no token", str(self.auth_token_file))
+        # The token itself is never printed, only its file.
+        check(set(token) <= _TOKEN_BYTES, "auth-token-file", "the token must be printable ASCII without spaces",
+              str(self.auth_token_file))
+        object.__setattr__(self, "auth_token", token.decode("ascii"))
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert_file is not None
 
     @property
     def planner(self) -> PlannerConfig:
@@ -103,6 +147,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument("--" + name.replace("_", "-"), type=float, default=d[name].default, help="(default: %(default)s)")
     for name in ("batching", "graph_optimization_level", "precision", "device"):
         p.add_argument("--" + name.replace("_", "-"), default=d[name].default, help="(default: %(default)s)")
+    p.add_argument("--tls-cert-file", default=None, help="PEM certificate chain: serve TLS (with --tls-key-file)")
+    p.add_argument("--tls-key-file", default=None, help="PEM private key of --tls-cert-file")
+    p.add_argument("--auth-token-file", default=None,
+                   help="file holding a shared bearer token required on every call but health")
 
 
 def from_args(a: argparse.Namespace) -> ServeConfig:
@@ -115,4 +163,12 @@ def from_args(a: argparse.Namespace) -> ServeConfig:
         max_sequences_per_request=a.max_sequences_per_request, max_request_bytes=a.max_request_bytes,
         intra_op_threads=a.intra_op_threads, inter_op_threads=a.inter_op_threads,
         graph_optimization_level=a.graph_optimization_level, precision=a.precision, device=a.device,
-        drain_grace_seconds=a.drain_grace_seconds)
+        drain_grace_seconds=a.drain_grace_seconds, tls_cert_file=_path("tls-cert-file", a.tls_cert_file),
+        tls_key_file=_path("tls-key-file", a.tls_key_file),
+        auth_token_file=_path("auth-token-file", a.auth_token_file))
+
+
+def _path(flag: str, value: str | None) -> pathlib.Path | None:
+    if value == "":  # pathlib would read it as "."
+        raise ConfigError(f"--{flag}: must not be empty")
+    return None if value is None else pathlib.Path(value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import hmac
 
 import grpc
 
@@ -14,6 +15,7 @@ class Code(enum.Enum):
     DEADLINE_EXCEEDED = (grpc.StatusCode.DEADLINE_EXCEEDED, 504)
     CANCELLED = (grpc.StatusCode.CANCELLED, 499)
     INTERNAL = (grpc.StatusCode.INTERNAL, 500)
+    UNAUTHENTICATED = (grpc.StatusCode.UNAUTHENTICATED, 401)
 
     @property
     def grpc(self) -> grpc.StatusCode:
@@ -37,6 +39,19 @@ class ScoreError(Exception):
 
     def __repr__(self) -> str:
         return f"ScoreError({self.code.name}, {self.message!r})"
+
+
+# The refusal of a call without the right token, the same text in every server (docs/contract.md).
+UNAUTHENTICATED_MESSAGE = "missing or invalid bearer token"
+
+
+def bearer_matches(header_value: str | bytes | None, token: str) -> bool:
+    """Whether an authorization value is `Bearer <token>`, compared in constant time."""
+    if header_value is None:
+        return False
+    if isinstance(header_value, str):
+        header_value = header_value.encode("latin-1", "replace")
+    return hmac.compare_digest(header_value, b"Bearer " + token.encode("ascii"))
 
 
 def invalid(message: str) -> ScoreError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import ssl
 import sys
 import time
 
@@ -40,14 +41,19 @@ def command(kind: str, **flags) -> list[str]:
     return cmd
 
 
-def is_ready(kind: str, port: int, host: str = "127.0.0.1") -> bool:
-    """gRPC health SERVING, or HTTP /readyz 200."""
+def is_ready(kind: str, port: int, host: str = "127.0.0.1", tls_ca_file: str | os.PathLike | None = None) -> bool:
+    """gRPC health SERVING, or HTTP /readyz 200. Health needs no token; with `tls_ca_file` (the
+    root that signed the server's certificate, or a self-signed certificate itself) over TLS."""
     if transport(kind) == "http":
+        scheme = "https" if tls_ca_file else "http"
         try:
-            return httpx.get(f"http://{host}:{port}/readyz", timeout=2).status_code == 200
+            return httpx.get(f"{scheme}://{host}:{port}/readyz", timeout=2,
+                             verify=ssl_context(tls_ca_file) if tls_ca_file else True).status_code == 200
         except httpx.HTTPError:
             return False
-    with grpc.insecure_channel(f"{host}:{port}") as ch:
+    target = f"{host}:{port}"
+    with (grpc.secure_channel(target, grpc.ssl_channel_credentials(pathlib.Path(tls_ca_file).read_bytes()))
+          if tls_ca_file else grpc.insecure_channel(target)) as ch:
         try:
             r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
         except grpc.RpcError:
@@ -55,9 +61,15 @@ def is_ready(kind: str, port: int, host: str = "127.0.0.1") -> bool:
     return r.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def wait_ready(kind: str, port: int, proc, deadline: float, log_path: pathlib.Path | None = None) -> None:
+def ssl_context(ca_file: str | os.PathLike) -> ssl.SSLContext:
+    """An HTTPS client context trusting `ca_file` alone."""
+    return ssl.create_default_context(cafile=os.fspath(ca_file))
+
+
+def wait_ready(kind: str, port: int, proc, deadline: float, log_path: pathlib.Path | None = None,
+               tls_ca_file: str | os.PathLike | None = None) -> None:
     """Poll health until SERVING; raise with the server's log if it exits or the deadline passes."""
-    while not is_ready(kind, port):
+    while not is_ready(kind, port, tls_ca_file=tls_ca_file):
         if proc.poll() is not None or time.monotonic() > deadline:
             why = f"exited with {proc.returncode}" if proc.poll() is not None else "not ready in time"
             log = log_path.read_text(errors="replace")[-4000:] if log_path and log_path.exists() else ""

@@ -12,7 +12,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from ..config import ServeConfig
-from ..errors import Code, ScoreError
+from ..errors import UNAUTHENTICATED_MESSAGE, Code, ScoreError, bearer_matches
 from ..v1 import reward_pb2, reward_pb2_grpc
 from ..validation import SeqInput
 from .core import SERVING, ScoringCore, write_port_file
@@ -110,17 +110,56 @@ class RewardModelServicer(reward_pb2_grpc.RewardModelServicer):
             device=self.core.cfg.device)
 
 
+class TokenCheck(grpc.aio.ServerInterceptor):
+    """`authorization: Bearer <token>` on every call but grpc.health.v1.Health (probes send none);
+    reflection included, as in the C++ server, where gRPC core checks it before any service."""
+
+    def __init__(self, token: str, core: ScoringCore):
+        self.token, self.core = token, core
+
+    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
+        handler = await continuation(details)
+        if handler is None or details.method.startswith(f"/{health.SERVICE_NAME}/"):
+            return handler
+        given = next((v for k, v in details.invocation_metadata or () if k == "authorization"), None)
+        if bearer_matches(given, self.token):
+            return handler
+        self.core.metrics.request(Code.UNAUTHENTICATED.name, 0.0)
+        return _refusal(handler)
+
+
+def _refusal(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A handler of the same shape that refuses the call before reading anything."""
+    async def refuse(_request, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+
+    kw = dict(request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse, **kw)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(refuse, **kw)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(refuse, **kw)
+    return grpc.unary_unary_rpc_method_handler(refuse, **kw)
+
+
 async def serve(cfg: ServeConfig) -> int:
     core = ScoringCore(cfg)
     limit = cfg.max_request_bytes
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
+    interceptors = [TokenCheck(cfg.auth_token, core)] if cfg.auth_token else []
+    server = grpc.aio.server(interceptors=interceptors, options=[("grpc.max_receive_message_length", limit),
                                       ("grpc.max_send_message_length", max(limit, 64 << 20)),
                                       ("grpc.so_reuseport", 0)])
     reward_pb2_grpc.add_RewardModelServicer_to_server(RewardModelServicer(core), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    address = f"{cfg.host}:{cfg.port}"
+    if cfg.tls:
+        creds = grpc.ssl_server_credentials([(cfg.tls_key_file.read_bytes(), cfg.tls_cert_file.read_bytes())])
+        port = server.add_secure_port(address, creds)
+    else:
+        port = server.add_insecure_port(address)
     if port == 0:
         print(f"rmscore serve: cannot bind {cfg.host}:{cfg.port}", flush=True)
         return 1

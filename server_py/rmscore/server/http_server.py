@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..config import ServeConfig
-from ..errors import Code, ScoreError
+from ..errors import UNAUTHENTICATED_MESSAGE, Code, ScoreError, bearer_matches
 from ..validation import SeqInput
 from . import openrlhf
 from .core import SERVING, ScoringCore, write_port_file
@@ -143,6 +143,27 @@ class _LimitBody:
         return await self.app(scope, receive, send)
 
 
+class _TokenCheck:
+    """ASGI middleware: `Authorization: Bearer <token>` on every path but the probes' (/healthz,
+    /readyz) and /metrics (unauthenticated on every server kind: the gRPC servers serve it on
+    their own metrics port). Outermost, so nothing else runs for a refused call."""
+
+    OPEN = frozenset({"/healthz", "/readyz", "/metrics"})
+
+    def __init__(self, app, token: str, core: ScoringCore):
+        self.app, self.token, self.core = app, token, core
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] not in self.OPEN:
+            given = next((v for k, v in scope.get("headers") or () if k == b"authorization"), None)
+            if not bearer_matches(given, self.token):
+                self.core.metrics.request(Code.UNAUTHENTICATED.name, 0.0)
+                resp = _error(Code.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+                resp.headers["WWW-Authenticate"] = "Bearer"
+                return await resp(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
 class _DrainingServer(uvicorn.Server):
     """On SIGTERM: report not ready and refuse new work, finish accepted work, then let uvicorn close."""
 
@@ -174,8 +195,12 @@ def run(cfg: ServeConfig) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((cfg.host, cfg.port))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(_LimitBody(app, cfg.max_request_bytes), log_level="warning",
-                            timeout_graceful_shutdown=int(cfg.drain_grace_seconds), access_log=False)
+    asgi = _LimitBody(app, cfg.max_request_bytes)
+    if cfg.auth_token:
+        asgi = _TokenCheck(asgi, cfg.auth_token, core)
+    tls = dict(ssl_certfile=str(cfg.tls_cert_file), ssl_keyfile=str(cfg.tls_key_file)) if cfg.tls else {}
+    config = uvicorn.Config(asgi, log_level="warning", timeout_graceful_shutdown=int(cfg.drain_grace_seconds),
+                            access_log=False, **tls)
     server = _DrainingServer(config, core)
     write_port_file(cfg.port_file, port, port)
     failed = []
