@@ -62,12 +62,17 @@ class Validator:
     def _ids(self, tokens: Sequence[int], where: str) -> list[int]:
         if len(tokens) == 0:
             raise invalid(f"{where}.tokens.ids: empty sequence")
-        arr = np.asarray(tokens, dtype=np.int64) if not isinstance(tokens, np.ndarray) else tokens
-        bad = np.flatnonzero((arr < 0) | (arr >= self.limits.vocab_size))
-        if bad.size:
+        vocab = self.limits.vocab_size
+        try:
+            arr = np.asarray(tokens, dtype=np.int64) if not isinstance(tokens, np.ndarray) else tokens
+        except OverflowError:  # JSON integers have no bound; beyond int64 is outside the vocabulary too
+            arr = None
+        bad = [j for j, t in enumerate(tokens) if not 0 <= t < vocab][:1] if arr is None else \
+            np.flatnonzero((arr < 0) | (arr >= vocab))
+        if len(bad):
             j = int(bad[0])
-            raise invalid(f"{where}.tokens.ids[{j}]: token id {int(arr[j])} is outside the vocabulary "
-                          f"[0, {self.limits.vocab_size})")
+            raise invalid(f"{where}.tokens.ids[{j}]: token id {int(tokens[j])} is outside the vocabulary "
+                          f"[0, {vocab})")
         return arr.tolist()
 
     def _tokenize(self, text: tuple[str, str], where: str) -> list[int]:
@@ -77,6 +82,8 @@ class Validator:
         prompt, response = text
         if not prompt and not response:
             raise invalid(f"{where}.text: prompt and response are both empty")
+        check_unicode(prompt, f"{where}.text.prompt")
+        check_unicode(response, f"{where}.text.response")
         return self.tokenizer.encode(prompt, response).ids
 
     def _fit(self, ids: list[int], truncation: str, where: str) -> list[int]:
@@ -88,3 +95,11 @@ class Validator:
         if truncation == "right":
             return ids[:m]
         raise invalid(f"{where}: length {len(ids)} exceeds max_sequence_length {m} (set truncation to cut it)")
+
+
+def check_unicode(text: str, where: str) -> None:
+    """JSON's \\uD800-style escapes decode to unpaired surrogates, which no tokenizer takes (and UTF-8 cannot carry)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise invalid(f"{where}: not valid Unicode, unpaired surrogate at character {e.start}") from None

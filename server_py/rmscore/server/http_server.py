@@ -9,10 +9,12 @@ from typing import Literal
 
 import uvicorn
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..config import ServeConfig
 from ..errors import UNAUTHENTICATED_MESSAGE, Code, ScoreError, bearer_matches
@@ -73,6 +75,18 @@ def create_app(core: ScoringCore) -> FastAPI:
             return _error(Code.INVALID_ARGUMENT, f"body: malformed JSON at character {first['loc'][-1]}: {reason}")
         where = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
         return _error(Code.INVALID_ARGUMENT, f"{where}: {first['msg']}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def undecodable(request: Request, exc: StarletteHTTPException):
+        # FastAPI answers 400 {"detail": ...} to a body json.loads cannot decode at all
+        # (not UTF-8, nested too deeply); the contract's answer to malformed JSON is 422.
+        if exc.status_code != 400:
+            return await http_exception_handler(request, exc)
+        core.metrics.request(Code.INVALID_ARGUMENT.name, None)
+        cause = exc.__cause__
+        reason = ("not UTF-8 text" if isinstance(cause, UnicodeDecodeError) else
+                  "nested too deeply" if isinstance(cause, RecursionError) else exc.detail)
+        return _error(Code.INVALID_ARGUMENT, f"body: malformed JSON: {reason}")
 
     @app.post("/v1/score", response_model=ScoreOut)
     async def score(body: ScoreIn):

@@ -38,7 +38,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import Code, ScoreError, invalid
-from ..validation import SeqInput
+from ..validation import SeqInput, check_unicode
 from .core import ScoringCore
 
 
@@ -103,6 +103,7 @@ def register(app: FastAPI, core: ScoringCore) -> None:
                 pair = split_query(q, body.prompts[i] if body.prompts is not None else None)
                 if (pair is None and not q) or (pair is not None and not (pair[0] or pair[1])):
                     raise invalid(f"query[{i}]: empty query")
+                check_unicode(q, f"query[{i}]")  # the tokenizer takes no unpaired surrogate (JSON "\\ud800")
                 items.append(q if pair is None else pair)
             if not items:
                 raise invalid("query: empty request, send at least one query")
