@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One idempotent set-up for rmscore on Debian 12/13 (run as root, or with sudo available):
 # Debian packages -> Python venv (.venv) -> generated stubs -> ONNX Runtime C++ SDK ->
-# C++ server -> default model. Each step says what it does and skips work already done.
+# C++ server and its fuzz target -> default model. Each step says what it does and
+# skips work already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -10,7 +11,8 @@ SECONDS=0
 
 APT_PACKAGES=(g++ cmake ninja-build pkg-config make git curl ca-certificates unzip
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler prometheus-cpp-dev
-  nlohmann-json3-dev libabsl-dev libgtest-dev prometheus python3 python3-venv python3-dev)
+  nlohmann-json3-dev libabsl-dev libgtest-dev prometheus python3 python3-venv python3-dev
+  clang libclang-rt-dev)  # clang + libFuzzer: the C++ fuzz target (docs/fuzzing.md)
 
 # pip, without the warnings this machine's pip.conf prints for every absent local index.
 pip_quiet() {
@@ -60,6 +62,7 @@ step_cpp() {
   if [ "${RMSCORE_SKIP_CPP:-0}" = 1 ]; then say "C++ server: skipped (RMSCORE_SKIP_CPP=1)"; return; fi
   bash scripts/setup_ort_sdk.sh
   bash scripts/build_cpp.sh
+  bash scripts/build_cpp.sh --fuzz
 }
 
 step_model() {

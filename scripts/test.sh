@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: set-up (idempotent), then every test suite.
 #   C++ unit tests (ctest), the Python suites (pytest: planner, batcher, export parity,
-#   the conformance suite over every server kind, client, load test, deployment checks),
+#   the conformance suite over every server kind, client, load test, deployment checks,
+#   bounded fuzzing of request decoding + validation: tests/test_fuzz.py, RMSCORE_FUZZ_SECONDS),
 #   and the C++ unit tests + conformance suite again under AddressSanitizer/UBSan.
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh -k conformance`).
 set -euo pipefail
