@@ -9,12 +9,12 @@ See docs/client.md.
 
 from .aio import AsyncHttpRewardClient, AsyncRewardClient, service_config
 from .errors import (Cancelled, DeadlineExceeded, InternalError, InvalidInput, MessageTooLarge, Overloaded,
-                     RewardServerError, Unavailable)
+                     RewardServerError, Unauthenticated, Unavailable)
 from .sync import HttpRewardClient, RewardClient
 from .types import NO_RETRY, ChunkTiming, Health, ModelInfo, RetryPolicy, ScoreResult
 
 __all__ = [
     "RewardClient", "AsyncRewardClient", "HttpRewardClient", "AsyncHttpRewardClient", "service_config",
     "RewardServerError", "InvalidInput", "Overloaded", "MessageTooLarge", "Unavailable", "DeadlineExceeded",
-    "Cancelled", "InternalError", "RetryPolicy", "NO_RETRY", "ScoreResult", "ChunkTiming", "ModelInfo", "Health",
+    "Cancelled", "InternalError", "Unauthenticated", "RetryPolicy", "NO_RETRY", "ScoreResult", "ChunkTiming", "ModelInfo", "Health",
 ]

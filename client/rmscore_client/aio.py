@@ -16,6 +16,7 @@ import asyncio
 import itertools
 import json
 import os
+import ssl
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from typing import Any
@@ -36,6 +37,23 @@ def _check_truncation(t: str) -> str:
     if t not in TRUNCATIONS:
         raise ValueError(f"truncation must be one of {TRUNCATIONS}, got {t!r}")
     return t
+
+
+def _check_token(token: str | None) -> str | None:
+    """The shared bearer token (docs/contract.md); it travels in a header, so visible ASCII only."""
+    if token is None:
+        return None
+    if not isinstance(token, str) or not token or any(not ("!" <= ch <= "~") for ch in token):
+        # Never echo the token itself.
+        raise ValueError("auth_token must be a non-empty string of printable ASCII without spaces")
+    return token
+
+
+def _read_ca(path: str | os.PathLike) -> bytes:
+    try:
+        return open(path, "rb").read()
+    except OSError as e:
+        raise ValueError(f"tls_ca_file: cannot read {os.fspath(path)!r}: {e.strerror}") from None
 
 
 def _as_ids(seq) -> list[int]:
@@ -290,12 +308,22 @@ class AsyncRewardClient(_AsyncClientBase):
 
     `target`: any gRPC target: `127.0.0.1:50051`, `ipv4:127.0.0.1:5001,127.0.0.1:5002`
     (several replicas), `dns:///rm.internal:50051`. Requests are spread over the replicas by
-    gRPC's own `round_robin` policy. Use one client per event loop."""
+    gRPC's own `round_robin` policy. Use one client per event loop.
+
+    Access control (docs/contract.md): `tls=True` speaks TLS, verified against the system's
+    roots or, with `tls_ca_file` (which implies `tls`), against that PEM file alone;
+    `auth_token` is sent as `authorization: Bearer <token>` on every call but health. A refused
+    token raises `Unauthenticated`, never retried."""
 
     def __init__(self, target: str, *, load_balancing: str = "round_robin", health_check: bool = True,
-                 channel_options: Sequence[tuple[str, Any]] = (), **kw):
+                 channel_options: Sequence[tuple[str, Any]] = (), tls: bool = False,
+                 tls_ca_file: str | os.PathLike | None = None, auth_token: str | None = None, **kw):
         super().__init__(**kw)
         self.target = target
+        self.tls = bool(tls or tls_ca_file)
+        self._root_certs = _read_ca(tls_ca_file) if tls_ca_file else None
+        token = _check_token(auth_token)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._options = [
             ("grpc.service_config", service_config(load_balancing, health_check)),
             ("grpc.max_receive_message_length", 64 << 20),
@@ -315,7 +343,11 @@ class AsyncRewardClient(_AsyncClientBase):
         if self._channel is None:
             from rmscore.v1 import reward_pb2_grpc
 
-            self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
+            if self.tls:
+                creds = grpc.ssl_channel_credentials(root_certificates=self._root_certs)
+                self._channel = grpc.aio.secure_channel(self.target, creds, options=self._options)
+            else:
+                self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
             self._stub = reward_pb2_grpc.RewardModelStub(self._channel)
         return self._stub
 
@@ -330,7 +362,7 @@ class AsyncRewardClient(_AsyncClientBase):
         req = pb.ScoreRequest(sequences=[pb.Sequence(tokens=pb.TokenIds(ids=s)) for s in seqs],
                               truncation=_TRUNC_PB[truncation])
         try:
-            r = await self._rpc().Score(req, timeout=timeout_s)
+            r = await self._rpc().Score(req, timeout=timeout_s, metadata=self._metadata)
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e) from None
         t = r.timings
@@ -342,7 +374,8 @@ class AsyncRewardClient(_AsyncClientBase):
 
         async def once(left):
             try:
-                return await self._rpc().GetModelInfo(pb.GetModelInfoRequest(), timeout=left)
+                return await self._rpc().GetModelInfo(pb.GetModelInfoRequest(), timeout=left,
+                                                      metadata=self._metadata)
             except grpc.aio.AioRpcError as e:
                 raise from_rpc_error(e) from None
 
@@ -429,7 +462,7 @@ class AsyncRewardClient(_AsyncClientBase):
             failures = 0
             while True:
                 left = None if deadline is None else deadline - time.monotonic()
-                call = self._rpc().ScoreStream(timeout=left)
+                call = self._rpc().ScoreStream(timeout=left, metadata=self._metadata)
                 writer = asyncio.create_task(write(call))
                 try:
                     async for resp in call:
@@ -499,8 +532,8 @@ _TRUNC_PB = _LazyTrunc()
 # HTTP (the FastAPI server)
 # =====================================================================================
 
-_HTTP_CODES = {413: "RESOURCE_EXHAUSTED", 422: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 499: "CANCELLED",
-               500: "INTERNAL", 502: "UNAVAILABLE", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+_HTTP_CODES = {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 413: "RESOURCE_EXHAUSTED", 422: "INVALID_ARGUMENT",
+               429: "RESOURCE_EXHAUSTED", 499: "CANCELLED", 500: "INTERNAL", 502: "UNAVAILABLE", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
 
 
 class AsyncHttpRewardClient(_AsyncClientBase):
@@ -508,12 +541,28 @@ class AsyncHttpRewardClient(_AsyncClientBase):
 
     `stream(...)` has no HTTP counterpart on the server: items are gathered for at most
     `linger_s` (or until `chunk_size` are waiting) and scored as small batches; a batch the
-    server refuses as invalid is re-sent item by item so only the bad items fail."""
+    server refuses as invalid is re-sent item by item so only the bad items fail.
 
-    def __init__(self, base_url: str, *, headers: dict | None = None, linger_s: float = 0.002, **kw):
+    Access control: TLS is on with an https:// `base_url` (`tls=True` or `tls_ca_file`, which
+    implies it, turn an http:// one into https://), verified against the system's roots or
+    `tls_ca_file` alone; `auth_token` is sent as `Authorization: Bearer <token>`. A refused
+    token raises `Unauthenticated`, never retried."""
+
+    def __init__(self, base_url: str, *, headers: dict | None = None, linger_s: float = 0.002, tls: bool = False,
+                 tls_ca_file: str | os.PathLike | None = None, auth_token: str | None = None, **kw):
         super().__init__(**kw)
-        self.base_url = base_url.rstrip("/")
+        base_url = base_url.rstrip("/")
+        if (tls or tls_ca_file) and base_url.startswith("http://"):
+            base_url = "https://" + base_url[len("http://"):]
+        self.base_url = base_url
         self.headers = dict(headers or {})
+        token = _check_token(auth_token)
+        if token:
+            self.headers["Authorization"] = f"Bearer {token}"
+        self._verify: ssl.SSLContext | bool = True
+        if tls_ca_file:
+            _read_ca(tls_ca_file)  # a clear error now rather than at the first call
+            self._verify = ssl.create_default_context(cafile=os.fspath(tls_ca_file))
         self.linger_s = linger_s
         self._http = None
 
@@ -522,6 +571,7 @@ class AsyncHttpRewardClient(_AsyncClientBase):
             import httpx
 
             self._http = httpx.AsyncClient(base_url=self.base_url, headers=self.headers, timeout=None,
+                                           verify=self._verify,
                                            limits=httpx.Limits(max_connections=max(self.max_concurrency * 2, 10)))
         return self._http
 

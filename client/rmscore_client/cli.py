@@ -3,6 +3,7 @@
     rmscore score --target 127.0.0.1:50051 --input rollouts.jsonl --output scores.jsonl
     rmscore score --http --target 127.0.0.1:8000 --input rollouts.jsonl --output scores.jsonl
     rmscore info --target ipv4:127.0.0.1:5001,127.0.0.1:5002
+    rmscore score --target rm.internal:50051 --tls-ca-file ca.pem --auth-token-file token ...
 
 Each input line is `{"tokens": [...]}` or `{"prompt": "...", "response": "..."}` (text is
 tokenized here with the model's own tokenizer). Each output line is `{"index": i, "score": s}`,
@@ -25,6 +26,11 @@ def _client_args(p) -> None:
                    "included (default: %(default)s)")
     p.add_argument("--retries", type=int, default=5, help="attempts per request on UNAVAILABLE / "
                    "RESOURCE_EXHAUSTED (default: %(default)s)")
+    p.add_argument("--tls", action="store_true", help="speak TLS, verified against the system's roots")
+    p.add_argument("--tls-ca-file", default=None, help="speak TLS, verified against this PEM file alone "
+                   "(implies --tls)")
+    p.add_argument("--auth-token-file", default=None, help="file holding the servers' shared bearer token "
+                   "(a file, so the token never shows in ps)")
 
 
 def add_parsers(sub) -> None:
@@ -47,13 +53,31 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=info_main)
 
 
+def read_token_file(path: str) -> str:
+    """The token in `path`, surrounding whitespace stripped (as the servers read theirs)."""
+    try:
+        token = open(path, "rb").read().strip(b" \t\r\n\f\v")
+    except OSError as e:
+        raise ValueError(f"--auth-token-file: cannot read the file, got {path!r} ({e.strerror})") from None
+    if not token:
+        raise ValueError(f"--auth-token-file: the file holds no token, got {path!r}")
+    try:
+        return token.decode("ascii")
+    except UnicodeDecodeError:
+        raise ValueError(f"--auth-token-file: the token must be printable ASCII without spaces, got {path!r}") \
+            from None
+
+
 def _make_client(args, **kw):
     from .sync import HttpRewardClient, RewardClient
     from .types import RetryPolicy
 
-    kw.update(timeout_s=args.timeout, retry=RetryPolicy(max_attempts=max(args.retries, 1)))
+    kw.update(timeout_s=args.timeout, retry=RetryPolicy(max_attempts=max(args.retries, 1)),
+              tls=args.tls, tls_ca_file=args.tls_ca_file,
+              auth_token=read_token_file(args.auth_token_file) if args.auth_token_file else None)
     if args.http:
-        url = args.target if "://" in args.target else f"http://{args.target}"
+        scheme = "https" if args.tls or args.tls_ca_file else "http"
+        url = args.target if "://" in args.target else f"{scheme}://{args.target}"
         return HttpRewardClient(url, **kw)
     return RewardClient(args.target, **kw)
 
@@ -155,7 +179,12 @@ def info_main(args) -> int:
 
     from .errors import RewardServerError
 
-    with _make_client(args) as client:
+    try:
+        client = _make_client(args)
+    except ValueError as e:
+        print(f"rmscore info: {e}", file=sys.stderr)
+        return 2
+    with client:
         health = client.health()
         try:
             info = asdict(client.info())

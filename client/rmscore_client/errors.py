@@ -60,6 +60,11 @@ class Cancelled(RewardServerError):
     """CANCELLED."""
 
 
+class Unauthenticated(RewardServerError):
+    """UNAUTHENTICATED (HTTP 401): the server wants a bearer token and got none or a wrong one
+    (`auth_token`). Never retried: the same token would be refused again."""
+
+
 class InternalError(RewardServerError):
     """INTERNAL / UNKNOWN: the model or server failed. Not retried."""
 
@@ -70,6 +75,7 @@ _BY_CODE = {
     "UNAVAILABLE": Unavailable,
     "DEADLINE_EXCEEDED": DeadlineExceeded,
     "CANCELLED": Cancelled,
+    "UNAUTHENTICATED": Unauthenticated,
     "INTERNAL": InternalError,
     "UNKNOWN": InternalError,
 }

@@ -173,7 +173,7 @@ class RewardClient(_SyncClient):
     Options (keyword): chunk_size=64, max_concurrency=8, timeout_s=30.0 (per chunk, retries
     included; None: no deadline), retry=RetryPolicy(...), truncation="none"|"left"|"right",
     tokenizer=None|path|tokenizers.Tokenizer, load_balancing="round_robin", health_check=True,
-    channel_options=[...]."""
+    channel_options=[...], tls=False, tls_ca_file=None|path (implies tls), auth_token=None|str."""
 
     _async_cls = AsyncRewardClient
 
