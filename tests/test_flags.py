@@ -25,3 +25,43 @@ def test_bad_flag_exits_with_the_value_quoted(kind, flags, message):
                        cwd=servers.ROOT)
     out = p.stdout + p.stderr
     assert p.returncode == 2 and message in out, out
+
+
+# ---- access control: TLS files go together, every file must be readable, the token file holds one --------
+ACCESS_KINDS = servers.available_kinds()  # config checks are cheap: no server loads a model before they pass
+
+
+def access_case(case: str, d) -> tuple[dict, str]:
+    cert, key, blank = d / "cert.pem", d / "key.pem", d / "blank-token"
+    cert.write_text("-----BEGIN CERTIFICATE-----\n")  # only readability is checked at config time
+    key.write_text("-----BEGIN PRIVATE KEY-----\n")
+    blank.write_text(" \n\t\n")
+    spaced = d / "spaced-token"
+    spaced.write_text("two words\n")
+    missing = d / "missing" / "file"
+    return {
+        "cert without key": (dict(tls_cert_file=cert),
+                             f"--tls-cert-file: needs --tls-key-file too (TLS takes both or neither), got '{cert}'"),
+        "key without cert": (dict(tls_key_file=key),
+                             f"--tls-key-file: needs --tls-cert-file too (TLS takes both or neither), got '{key}'"),
+        "missing cert": (dict(tls_cert_file=missing, tls_key_file=key),
+                         f"--tls-cert-file: cannot read the file, got '{missing}'"),
+        "missing key": (dict(tls_cert_file=cert, tls_key_file=missing),
+                        f"--tls-key-file: cannot read the file, got '{missing}'"),
+        "missing token file": (dict(auth_token_file=missing), f"--auth-token-file: cannot read the file, got '{missing}'"),
+        "blank token file": (dict(auth_token_file=blank), f"--auth-token-file: the file holds no token, got '{blank}'"),
+        "token with a space": (dict(auth_token_file=spaced),
+                               f"--auth-token-file: the token must be printable ASCII without spaces, got '{spaced}'"),
+        "empty path": (dict(auth_token_file=""), "--auth-token-file: must not be empty"),
+    }[case]
+
+
+@pytest.mark.parametrize("kind", ACCESS_KINDS)
+@pytest.mark.parametrize("case", ["cert without key", "key without cert", "missing cert", "missing key",
+                                  "missing token file", "blank token file", "token with a space", "empty path"])
+def test_access_flags_checked_at_start(kind, case, tmp_path):
+    flags, message = access_case(case, tmp_path)
+    p = subprocess.run(servers.command(kind, **{"port": 0, **flags}), capture_output=True, text=True, timeout=120,
+                       cwd=servers.ROOT)
+    out = p.stdout + p.stderr
+    assert p.returncode == 2 and message in out, out

@@ -119,9 +119,13 @@ const std::map<std::string, Setter>& Setters() {
 std::optional<std::string> ReadWhole(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return std::nullopt;
-  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return std::nullopt;  // e.g. a directory: opens, but reading fails
-  return data;
+  try {
+    std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (in.bad()) return std::nullopt;
+    return data;
+  } catch (const std::exception&) {  // a directory opens, then libstdc++ throws on the first read
+    return std::nullopt;
+  }
 }
 
 // Same rules and messages as server_py/rmscore/config.py.

@@ -1,7 +1,12 @@
 // Flag parsing: the contract's defaults, and bad values refused quoting them.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
 
 #include "config.h"
+#include "service.h"
 
 namespace rmscore {
 namespace {
@@ -39,6 +44,8 @@ TEST(Config, DefaultsAreTheContracts) {
   EXPECT_EQ(c.precision, Precision::kFp32);
   EXPECT_EQ(c.device, Device::kCpu);
   EXPECT_EQ(c.drain_grace_seconds, 30);
+  EXPECT_FALSE(c.tls());
+  EXPECT_EQ(c.auth_token, "");
 }
 
 TEST(Config, BothFlagForms) {
@@ -57,6 +64,70 @@ TEST(Config, BadValuesQuoteTheValue) {
   EXPECT_EQ(ErrorOf({"--max-queue-delay-ms", "-1"}), "--max-queue-delay-ms: must be >= 0, got -1");
   EXPECT_EQ(ErrorOf({"--bogus", "1"}), "unknown flag '--bogus' (see --help)");
   EXPECT_EQ(ErrorOf({"--model"}), "--model: missing value");
+}
+
+// Files for the access-control flags, removed when the test ends.
+class AccessFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/rmscore-config-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    for (const auto& f : files_) std::remove(f.c_str());
+    rmdir(dir_.c_str());
+  }
+  std::string File(const std::string& name, const std::string& content) {
+    const std::string path = dir_ + "/" + name;
+    std::ofstream(path) << content;
+    files_.push_back(path);
+    return path;
+  }
+  std::string dir_;
+  std::vector<std::string> files_;
+};
+
+TEST_F(AccessFiles, TokenIsReadAndStripped) {
+  const std::string token = File("token", "  s3cret-Token_1\n");
+  const std::string cert = File("cert.pem", "PEM"), key = File("key.pem", "PEM");
+  const Config c = Parse({"--auth-token-file", token, "--tls-cert-file", cert, "--tls-key-file=" + key});
+  EXPECT_EQ(c.auth_token, "s3cret-Token_1");
+  EXPECT_TRUE(c.tls());
+  EXPECT_EQ(c.tls_cert_file, cert);
+  EXPECT_EQ(c.tls_key_file, key);
+}
+
+// The same messages as the Python servers (tests/test_flags.py holds both to them).
+TEST_F(AccessFiles, BadAccessFlagsQuoteThePath) {
+  const std::string cert = File("cert.pem", "PEM"), key = File("key.pem", "PEM");
+  const std::string blank = File("blank", " \n\t\n"), spaced = File("spaced", "two words\n");
+  const std::string missing = dir_ + "/missing";
+  EXPECT_EQ(ErrorOf({"--tls-cert-file", cert}),
+            "--tls-cert-file: needs --tls-key-file too (TLS takes both or neither), got '" + cert + "'");
+  EXPECT_EQ(ErrorOf({"--tls-key-file", key}),
+            "--tls-key-file: needs --tls-cert-file too (TLS takes both or neither), got '" + key + "'");
+  EXPECT_EQ(ErrorOf({"--tls-cert-file", missing, "--tls-key-file", key}),
+            "--tls-cert-file: cannot read the file, got '" + missing + "'");
+  EXPECT_EQ(ErrorOf({"--tls-cert-file", cert, "--tls-key-file", dir_}),
+            "--tls-key-file: cannot read the file, got '" + dir_ + "'");
+  EXPECT_EQ(ErrorOf({"--auth-token-file", missing}), "--auth-token-file: cannot read the file, got '" + missing + "'");
+  EXPECT_EQ(ErrorOf({"--auth-token-file", blank}), "--auth-token-file: the file holds no token, got '" + blank + "'");
+  EXPECT_EQ(ErrorOf({"--auth-token-file", spaced}),
+            "--auth-token-file: the token must be printable ASCII without spaces, got '" + spaced + "'");
+  EXPECT_EQ(ErrorOf({"--auth-token-file="}), "--auth-token-file: must not be empty");
+}
+
+TEST(Bearer, OnlyTheExactValueMatches) {
+  EXPECT_TRUE(BearerMatches("Bearer abc", "abc"));
+  EXPECT_FALSE(BearerMatches("", "abc"));
+  EXPECT_FALSE(BearerMatches("Bearer ", "abc"));
+  EXPECT_FALSE(BearerMatches("Bearer ab", "abc"));
+  EXPECT_FALSE(BearerMatches("Bearer abcd", "abc"));
+  EXPECT_FALSE(BearerMatches("Bearer abd", "abc"));
+  EXPECT_FALSE(BearerMatches("abc", "abc"));
+  EXPECT_FALSE(BearerMatches("Basic abc", "abc"));
+  EXPECT_FALSE(BearerMatches(std::string_view("Bearer abc\0", 11), "abc"));
 }
 
 }  // namespace
