@@ -38,6 +38,14 @@ grpc::Status CheckTokens(const v1::TokenIds& tokens, v1::Truncation truncation, 
   }
 }
 
+// proto3 enums are open: an unknown value arrives as itself and is refused,
+// never read as TRUNCATION_NONE (the same words as the Python servers).
+grpc::Status CheckTruncation(int truncation) {
+  if (v1::Truncation_IsValid(truncation)) return grpc::Status::OK;
+  return Invalid("truncation: unknown value " + std::to_string(truncation) +
+                 "; send TRUNCATION_NONE, TRUNCATION_LEFT or TRUNCATION_RIGHT");
+}
+
 std::string TextRefusal(const std::string& prefix) {
   return prefix + ".text: this server does not tokenize text; send token ids (tokenize with ModelInfo.tokenizer_json)";
 }
@@ -45,6 +53,7 @@ std::string TextRefusal(const std::string& prefix) {
 }  // namespace
 
 grpc::Status ValidateScoreRequest(const v1::ScoreRequest& req, const Limits& limits, std::vector<SeqView>* out) {
+  if (grpc::Status s = CheckTruncation(req.truncation()); !s.ok()) return s;
   const int n = req.sequences_size();
   if (n == 0) return Invalid("sequences: empty request, send at least one sequence");
   if (n > limits.max_sequences_per_request) {
@@ -72,6 +81,7 @@ grpc::Status ValidateScoreRequest(const v1::ScoreRequest& req, const Limits& lim
 }
 
 grpc::Status ValidateStreamItem(const v1::ScoreStreamRequest& req, const Limits& limits, SeqView* out) {
+  if (grpc::Status s = CheckTruncation(req.truncation()); !s.ok()) return s;
   const auto kind = req.sequence().input_case();
   if (kind == v1::Sequence::INPUT_NOT_SET) return Invalid("sequence: no input set, send tokens or text");
   if (kind == v1::Sequence::kText) return Invalid(TextRefusal("sequence"));

@@ -68,6 +68,17 @@ TEST(Validation, MixedTextAndTokens) {
                 "sequences[1]: mixes text and token ids in one request; send all token ids or all text");
 }
 
+TEST(Validation, UnknownTruncationValueIsRefusedNotReadAsNone) {
+  ExpectInvalid(Request({Tokens({1, 2})}, v1::Truncation(7)),
+                "truncation: unknown value 7; send TRUNCATION_NONE, TRUNCATION_LEFT or TRUNCATION_RIGHT");
+  v1::ScoreStreamRequest item;
+  *item.mutable_sequence() = Tokens({1, 2});
+  item.set_truncation(v1::Truncation(-1));
+  SeqView view;
+  EXPECT_EQ(ValidateStreamItem(item, kLimits, &view).error_message(),
+            "truncation: unknown value -1; send TRUNCATION_NONE, TRUNCATION_LEFT or TRUNCATION_RIGHT");
+}
+
 TEST(Validation, TextIsRefusedWithAHintToSendIds) {
   ExpectInvalid(Request({Text("p", "r"), Text("q", "s")}),
                 "sequences[0].text: this server does not tokenize text; send token ids "

@@ -37,6 +37,7 @@ class Validator:
         self.tokenizer = tokenizer
 
     def request(self, items: Sequence[SeqInput], truncation: str) -> list[list[int]]:
+        self.truncation(truncation)
         n = len(items)
         if n == 0:
             raise invalid("sequences: empty request, send at least one sequence")
@@ -50,7 +51,17 @@ class Validator:
                           "send all token ids or all text")
         return [self.sequence(it, truncation, f"sequences[{i}]") for i, it in enumerate(items)]
 
+    @staticmethod
+    def truncation(truncation) -> None:
+        """A front end passes an unknown wire value through as it came (proto3 enums are open), never as "none"."""
+        if truncation not in TRUNCATIONS:
+            raise invalid(f"truncation: unknown value {truncation}; "
+                          "send TRUNCATION_NONE, TRUNCATION_LEFT or TRUNCATION_RIGHT")
+
     def sequence(self, item: SeqInput, truncation: str, where: str) -> list[int]:
+        self.truncation(truncation)
+        if item.tokens is not None and item.text is not None:  # only JSON can say both; protobuf's oneof cannot
+            raise invalid(f"{where}: sets both tokens and text; send one of them")
         if item.tokens is not None:
             ids = self._ids(item.tokens, where)
         elif item.text is not None:
