@@ -183,9 +183,15 @@ async def serve(cfg: ServeConfig) -> int:
 
     stop = asyncio.Event()
 
+    async def not_serving_then_refuse() -> None:
+        # Health says NOT_SERVING before the first call is refused (docs/hardening.md, drain). The
+        # servicer's set() takes an uncontended asyncio lock: no Score call runs in between.
+        await set_health("draining")
+        core.begin_drain()
+
     def on_signal() -> None:
         if not stop.is_set():
-            core.begin_drain()  # refuse new work from this instant, before anything else runs
+            loop.create_task(not_serving_then_refuse())
         stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -198,6 +204,7 @@ async def serve(cfg: ServeConfig) -> int:
         return 1
     # Drain: NOT_SERVING, new work refused (on_signal), finish what was accepted, then go.
     await set_health("draining")
+    core.begin_drain()  # already done by on_signal's task, unless the warm-up failed first
     drained = await asyncio.to_thread(core.wait_drained)
     await server.stop(grace=1.0)
     core.stop()
