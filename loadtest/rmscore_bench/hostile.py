@@ -73,6 +73,7 @@ CALL_TIMEOUT_S = 30.0
 HTTP_STATUS = {"OK": 200, "INVALID_ARGUMENT": 422, "RESOURCE_EXHAUSTED": 413, "UNAVAILABLE": 503,
                "DEADLINE_EXCEEDED": 504, "INTERNAL": 500}
 MALFORMED_PROTO = r"^request: malformed ScoreRequest"
+MALFORMED_STREAM_ITEM = r"^request: malformed ScoreStreamRequest"
 TEXT_REFUSED = r"\.text: this server does not tokenize text; send token ids"
 
 
@@ -102,6 +103,7 @@ class Case:
     truncation: str = "none"
     grpc_request: Any = None  # a pb.ScoreRequest, or raw bytes sent to Score as they are
     stream: list[StreamItem] | None = None
+    stream_raw: list[bytes] | None = None  # ScoreStream items as raw bytes; `expect` is the call's status
     http_body: Any = None  # bytes, or an iterator of bytes (sent chunked)
     http_method: str = "POST"
     http_headers: dict = field(default_factory=dict)
@@ -316,6 +318,11 @@ def _grpc_cases(pb, limits, gids, gscores, ok, invalid) -> list[Case]:
                                             invalid(r"^truncation: unknown value 9")),
                                            ("u", item("u", gids[1]), ok(gscores[1]))])
     s("stream: no items", [])
+    raw_item = lambda id_: item(id_, gids[0]).SerializeToString()  # noqa: E731
+    cases.append(Case("stream: malformed item", "grpc", invalid(MALFORMED_STREAM_ITEM),
+                      stream_raw=[raw_item("a"), b"\xff\xff\xff", raw_item("b")],
+                      note="an item that does not parse has no id to answer: the call ends with "
+                           "INVALID_ARGUMENT, never with OK (items silently dropped) or a stall"))
     return cases
 
 
@@ -441,6 +448,8 @@ class _Target:
         if self.transport == "grpc":
             if case.stream is not None:
                 return self._stream(case)
+            if case.stream_raw is not None:
+                return self._stream_raw(case.stream_raw)
             req = case.grpc_request if case.grpc_request is not None else _to_proto(case.seqs, case.truncation)
             req = req() if isinstance(req, _Lazy) else req
             return self._grpc(req)
@@ -474,6 +483,16 @@ class _Target:
         except grpc.RpcError as e:
             return _stall_or(e.code().name, e.details() or "")
         return "STREAM", "", answers
+
+    def _stream_raw(self, items: list[bytes]):
+        import grpc
+
+        call = self.channel.stream_stream("/rmscore.v1.RewardModel/ScoreStream")  # bytes in, bytes out
+        try:
+            answers = list(call(iter(items), timeout=self.timeout_s))
+        except grpc.RpcError as e:
+            return _stall_or(e.code().name, e.details() or "")
+        return "OK", f"stream ended OK after {len(answers)} answers for {len(items)} items", None
 
     def _http(self, method: str, body, headers: dict):
         import httpx
