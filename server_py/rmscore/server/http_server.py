@@ -13,7 +13,7 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..config import ServeConfig
@@ -27,7 +27,8 @@ class SequenceIn(BaseModel):
     """One sequence: `tokens` (ids) or `prompt` + `response` (text)."""
 
     model_config = ConfigDict(extra="forbid")
-    tokens: list[int] | None = None
+    # Strict: "101", 101.0 and true are not token ids (lax mode read them as 101, 101, 1).
+    tokens: list[StrictInt] | None = None
     prompt: str | None = None
     response: str | None = None
 
@@ -52,11 +53,13 @@ class ScoreOut(BaseModel):
 
 
 def _seq_input(s: SequenceIn) -> SeqInput:
-    if s.tokens is not None:
-        return SeqInput(tokens=s.tokens)
-    if s.prompt is not None or s.response is not None:
-        return SeqInput(text=(s.prompt or "", s.response or ""))
-    return SeqInput()
+    # Both kept when both are sent: the validator refuses that rather than letting tokens win.
+    text = (s.prompt or "", s.response or "") if s.prompt is not None or s.response is not None else None
+    return SeqInput(tokens=s.tokens, text=text)
+
+
+# A deadline further away than this is no deadline (1e308 ms overflowed asyncio's timer: a 500).
+NO_DEADLINE_MS = 365 * 24 * 3600 * 1e3
 
 
 def _error(code: Code, message: str) -> JSONResponse:
@@ -91,6 +94,8 @@ def create_app(core: ScoringCore) -> FastAPI:
     @app.post("/v1/score", response_model=ScoreOut)
     async def score(body: ScoreIn):
         t0 = time.perf_counter()
+        if body.timeout_ms is not None and body.timeout_ms > NO_DEADLINE_MS:  # as the C++ server reads it
+            body.timeout_ms = None
         deadline = None if body.timeout_ms is None else time.monotonic() + body.timeout_ms / 1e3
         try:
             if deadline is None:
@@ -140,21 +145,49 @@ def create_app(core: ScoringCore) -> FastAPI:
     return app
 
 
+class _BodyTooLarge(Exception):
+    pass
+
+
 class _LimitBody:
-    """ASGI middleware: refuse bodies over max_request_bytes with 413 before parsing them."""
+    """ASGI middleware: refuse bodies over max_request_bytes with 413 before parsing them, by
+    Content-Length, or, for a chunked body, by the bytes read so far (it was read and parsed whole)."""
 
     def __init__(self, app, limit: int):
         self.app, self.limit = app, limit
 
+    def _refuse(self, what: str) -> JSONResponse:
+        return JSONResponse({"error": {"code": "RESOURCE_EXHAUSTED",
+                                       "message": f"body of {what} bytes exceeds max_request_bytes {self.limit}"}},
+                            status_code=413)
+
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            length = dict(scope.get("headers") or []).get(b"content-length")
-            if length is not None and int(length) > self.limit:
-                resp = JSONResponse({"error": {"code": "RESOURCE_EXHAUSTED",
-                                               "message": f"body of {int(length)} bytes exceeds max_request_bytes "
-                                                          f"{self.limit}"}}, status_code=413)
-                return await resp(scope, receive, send)
-        return await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and int(length) > self.limit:
+            return await self._refuse(str(int(length)))(scope, receive, send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _BodyTooLarge()
+            return message
+
+        async def guarded_send(message):
+            if seen <= self.limit:  # the app's own answer to the aborted read is replaced below
+                await send(message)
+
+        try:
+            await self.app(scope, counted, guarded_send)
+        except _BodyTooLarge:
+            pass
+        if seen > self.limit:
+            await self._refuse(f"more than {seen}")(scope, receive, send)
 
 
 class _CancelOnDisconnect:
