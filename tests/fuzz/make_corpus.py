@@ -44,6 +44,7 @@ def proto_seeds() -> list[bytes]:
         pb.ScoreRequest(sequences=[tokens([101, VOCAB, 102])]),
         pb.ScoreRequest(sequences=[tokens([-1, 2**63 - 1, -(2**63)])]),
         pb.ScoreRequest(sequences=[tokens([7])] * (MAX_SEQS + 1)),
+        pb.ScoreRequest(sequences=[tokens([101, 102])], truncation=7),  # proto3 enums are open
         pb.ScoreRequest(),
     ]
     items = [
