@@ -8,6 +8,7 @@ import time
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from google.protobuf.message import DecodeError
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
@@ -20,6 +21,40 @@ from .core import SERVING, ScoringCore, write_port_file
 SERVICE = reward_pb2.DESCRIPTOR.services_by_name["RewardModel"].full_name
 TRUNC = {reward_pb2.TRUNCATION_NONE: "none", reward_pb2.TRUNCATION_LEFT: "left",
          reward_pb2.TRUNCATION_RIGHT: "right"}
+
+
+class Malformed:
+    """What a request that does not parse becomes: grpc would answer UNKNOWN (a DecodeError raised in
+    its deserializer) and, in a stream, stop reading and stall; the contract says INVALID_ARGUMENT."""
+
+    def __init__(self, message_type):
+        self.message = f"request: malformed {message_type.DESCRIPTOR.name}: the bytes do not parse as protobuf"
+
+
+def _lenient(message_type):
+    def parse(data: bytes):
+        try:
+            return message_type.FromString(data)
+        except DecodeError:
+            return Malformed(message_type)
+    return parse
+
+
+def add_servicer(servicer, server) -> None:
+    """reward_pb2_grpc.add_RewardModelServicer_to_server, with deserializers that never raise."""
+    handlers = {
+        "Score": grpc.unary_unary_rpc_method_handler(
+            servicer.Score, request_deserializer=_lenient(reward_pb2.ScoreRequest),
+            response_serializer=reward_pb2.ScoreResponse.SerializeToString),
+        "ScoreStream": grpc.stream_stream_rpc_method_handler(
+            servicer.ScoreStream, request_deserializer=_lenient(reward_pb2.ScoreStreamRequest),
+            response_serializer=reward_pb2.ScoreStreamResponse.SerializeToString),
+        "GetModelInfo": grpc.unary_unary_rpc_method_handler(
+            servicer.GetModelInfo, request_deserializer=reward_pb2.GetModelInfoRequest.FromString,
+            response_serializer=reward_pb2.ModelInfo.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
 
 
 def seq_input(seq: reward_pb2.Sequence) -> SeqInput:
@@ -46,9 +81,13 @@ class RewardModelServicer(reward_pb2_grpc.RewardModelServicer):
 
     async def Score(self, request, context):
         t0 = time.perf_counter()
+        if isinstance(request, Malformed):
+            self.core.metrics.request(Code.INVALID_ARGUMENT.name, time.perf_counter() - t0)
+            await context.abort(Code.INVALID_ARGUMENT.grpc, request.message)
         try:
+            # An unknown enum number goes through as itself, for the validator to refuse.
             result = await self.core.score([seq_input(s) for s in request.sequences],
-                                           TRUNC.get(request.truncation, "none"), _deadline(context))
+                                           TRUNC.get(request.truncation, request.truncation), _deadline(context))
         except ScoreError as e:
             self.core.metrics.request(e.code.name, time.perf_counter() - t0)
             await context.abort(e.code.grpc, e.message)
@@ -66,7 +105,7 @@ class RewardModelServicer(reward_pb2_grpc.RewardModelServicer):
             t0 = time.perf_counter()
             try:
                 self.core.check_ready()
-                seq = self.core.validator.sequence(seq_input(item.sequence), TRUNC.get(item.truncation, "none"),
+                seq = self.core.validator.sequence(seq_input(item.sequence), TRUNC.get(item.truncation, item.truncation),
                                                    "sequence")
                 r = await self.core.score_ids([seq], deadline)
                 resp = reward_pb2.ScoreStreamResponse(id=item.id, score=r.scores[0], timings=_timings(r),
@@ -82,6 +121,9 @@ class RewardModelServicer(reward_pb2_grpc.RewardModelServicer):
 
         async def reader() -> None:
             async for item in request_iterator:
+                if isinstance(item, Malformed):  # no id to answer it by: the call ends, saying why
+                    await answers.put(item)
+                    return
                 t = asyncio.create_task(one(item))
                 tasks.add(t)
                 t.add_done_callback(tasks.discard)
@@ -92,6 +134,9 @@ class RewardModelServicer(reward_pb2_grpc.RewardModelServicer):
         read_task = asyncio.create_task(reader())
         try:
             while (resp := await answers.get()) is not None:
+                if isinstance(resp, Malformed):
+                    self.core.metrics.request(Code.INVALID_ARGUMENT.name, 0.0)
+                    await context.abort(Code.INVALID_ARGUMENT.grpc, resp.message)
                 yield resp
         finally:
             # The client went away (or the stream ended): drop whatever it still had queued.
@@ -150,7 +195,7 @@ async def serve(cfg: ServeConfig) -> int:
     server = grpc.aio.server(interceptors=interceptors, options=[("grpc.max_receive_message_length", limit),
                                       ("grpc.max_send_message_length", max(limit, 64 << 20)),
                                       ("grpc.so_reuseport", 0)])
-    reward_pb2_grpc.add_RewardModelServicer_to_server(RewardModelServicer(core), server)
+    add_servicer(RewardModelServicer(core), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
