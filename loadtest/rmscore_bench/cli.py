@@ -59,6 +59,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--report-only", metavar="RUN_JSON", help="rewrite report and plots from a run.json")
     p.set_defaults(func=main)
 
+    from . import hardening
+
+    hardening.add_parser(sub, _list)
+
 
 def settings_from(args):
     s = PRESETS[args.preset]
