@@ -23,6 +23,17 @@ PAIRS = [(kind, name) for kind in KINDS
          for name in hostile.case_names(servers.launch.transport(kind)) + [SURVIVED]]
 
 
+# Cases a kind still fails, with the fix it needs; strict, so a fixed case turns the run red until
+# its entry goes. The C++ callback API answers a request that does not parse with UNIMPLEMENTED and
+# an empty message (grpcpp's CallbackUnaryHandler), and reads a stream item that does not parse as
+# the end of the stream: the fix is raw (ByteBuffer) Score / ScoreStream methods in service.cc that
+# parse themselves and answer INVALID_ARGUMENT "request: malformed <Type>: the bytes do not parse
+# as protobuf", as the Python server does.
+CPP_MALFORMED = "C++ service.cc: needs raw ByteBuffer methods to refuse unparsable protobuf (see above)"
+KNOWN = {("cpp-grpc", name): CPP_MALFORMED for name in (
+    "truncated protobuf", "garbage bytes", "11-byte varint", "text that is not UTF-8", "stream: malformed item")}
+
+
 class OneServer:
     """At most one server at a time: asking for another kind stops the current one."""
 
@@ -54,8 +65,10 @@ def run(server, names) -> dict:
 
 
 @pytest.mark.parametrize("kind,case", PAIRS, ids=[f"{k}-{n}" for k, n in PAIRS])
-def test_hostile(pool, kind, case):
+def test_hostile(pool, kind, case, request):
     server = pool.get(kind)
+    if (kind, case) in KNOWN:
+        request.applymarker(pytest.mark.xfail(reason=KNOWN[kind, case], strict=True))
     if case == SURVIVED:
         report = run(server, names=[])
         assert report["server_alive"], server.log()[-3000:]
