@@ -59,9 +59,9 @@ def pool():
     p.stop()
 
 
-def run(server, names) -> dict:
+def run(server, names, check_alive=False) -> dict:
     return hostile.run_corpus(server.kind, "127.0.0.1", server.port, server.transport,
-                              max_request_bytes=FLAGS["max_request_bytes"], names=names)
+                              max_request_bytes=FLAGS["max_request_bytes"], names=names, check_alive=check_alive)
 
 
 @pytest.mark.parametrize("kind,case", PAIRS, ids=[f"{k}-{n}" for k, n in PAIRS])
@@ -70,7 +70,7 @@ def test_hostile(pool, kind, case, request):
     if (kind, case) in KNOWN:
         request.applymarker(pytest.mark.xfail(reason=KNOWN[kind, case], strict=True))
     if case == SURVIVED:
-        report = run(server, names=[])
+        report = run(server, names=[], check_alive=True)
         assert report["server_alive"], server.log()[-3000:]
         assert server.proc.poll() is None, server.log()[-3000:]
         assert "Traceback" not in server.log(), server.log()[-3000:]

@@ -622,13 +622,15 @@ def _grpc_code_name(number: int) -> str:
 
 def run_corpus(kind: str, host: str, port: int, transport: str, *, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                timeout_s: float = CALL_TIMEOUT_S, model_dir: pathlib.Path = DEFAULT_MODEL_DIR,
-               names: list[str] | None = None) -> dict:
+               names: list[str] | None = None, check_alive: bool = True) -> dict:
     """Run every case for `transport` against a running server, a good request after each one.
 
     `max_request_bytes` must be the server's --max-request-bytes (the contract's
     default unless told), so that the oversized cases are just over it.
     Returns the summary the hardening report prints, plus `results` (one dict per
-    case: case, code, message, elapsed_ms, wrong, good_after_ok).
+    case: case, code, message, elapsed_ms, wrong, good_after_ok). `check_alive=False` skips the
+    closing health check and good request (server_alive is then True): for a caller that runs
+    the corpus a case at a time and checks once at the end.
     """
     target = _Target(kind, host, port, transport, timeout_s)
     try:
@@ -653,9 +655,9 @@ def run_corpus(kind: str, host: str, port: int, transport: str, *, max_request_b
             r["good_after"] = g["wrong"]
             good_correct += r["good_after_ok"]
             results.append(r)
-        final = _run_case(target, good, limits, tol)
+        alive = not check_alive or (target.alive() and _run_case(target, good, limits, tol)["wrong"] is None)
         return {"kind": kind, "transport": transport, "inputs_tried": len(cases), "outcomes": outcomes,
-                "unexpected": unexpected, "server_alive": target.alive() and final["wrong"] is None,
+                "unexpected": unexpected, "server_alive": alive,
                 "good_between": len(cases), "good_between_correct": good_correct,
                 "max_error_ms": round(max_error_ms, 1), "results": results}
     finally:
