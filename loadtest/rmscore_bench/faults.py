@@ -212,6 +212,9 @@ def overload(server, *, seconds: float = 20.0, factor: float = 4.0, chunk_size: 
     requests = _requests(lengths, chunk_size, seed)
     capacity = asyncio.run(_capacity(server, requests, concurrency, capacity_seconds))
     rate_rps = factor * capacity / chunk_size
+    queue = server.flags.get("max_queue_sequences", FLAGS["max_queue_sequences"])
+    if factor > 1:  # long enough that the excess over capacity overflows the queue, however slow the kind
+        seconds = max(seconds, 1.5 * queue / ((factor - 1) * capacity))
     t0 = time.perf_counter()
     records = asyncio.run(_open_loop(server, requests, rate_rps, seconds, seed, timeout_s))
     wall_s = time.perf_counter() - t0
@@ -224,7 +227,7 @@ def overload(server, *, seconds: float = 20.0, factor: float = 4.0, chunk_size: 
         kinds[r["outcome"]] = kinds.get(r["outcome"], 0) + 1
     after = _steady(server, requests, concurrency=2, seconds=2.0)
     golden = golden_ok(server)
-    queue_bound_s = server.flags.get("max_queue_sequences", FLAGS["max_queue_sequences"]) / max(capacity, 1e-9)
+    queue_bound_s = queue / max(capacity, 1e-9)
     return {
         "kind": server.kind, "seconds": seconds, "factor": factor, "chunk_size": chunk_size, "lengths": lengths,
         "capacity_seq_s": capacity, "offered_seq_s": factor * capacity, "offered": len(records),
@@ -556,12 +559,17 @@ def cancel(server, *, rounds: int = 6, clients_per_round: int = 8, sequences_per
     dropped0 = metric(server, "rmscore_sequences_dropped_total", reason="cancelled")
     refused0 = metric(server, "rmscore_requests_total", code="RESOURCE_EXHAUSTED")
     rss, idle_each, outcomes = [], [], {}
-    for _ in range(rounds):
-        reqs = [make_rollout(rng, sequences_per_request, mix) for _ in range(clients_per_round)]
-        for k, v in asyncio.run(_cancel_round(server, reqs, cancel_after_s)).items():
-            outcomes[k] = outcomes.get(k, 0) + v
-        idle_each.append(wait_idle(server, 60))
-        rss.append(rss_mb(server.proc.pid))
+
+    async def run_rounds() -> None:
+        # One event loop for every round: grpc.aio's poller outlives a loop closed under it.
+        for _ in range(rounds):
+            reqs = [make_rollout(rng, sequences_per_request, mix) for _ in range(clients_per_round)]
+            for k, v in (await _cancel_round(server, reqs, cancel_after_s)).items():
+                outcomes[k] = outcomes.get(k, 0) + v
+            idle_each.append(await asyncio.to_thread(wait_idle, server, 60))
+            rss.append(rss_mb(server.proc.pid))
+
+    asyncio.run(run_rounds())
     offered = rounds * clients_per_round * sequences_per_request
     scored = metric(server, "rmscore_sequences_scored_total") - scored0
     dropped = metric(server, "rmscore_sequences_dropped_total", reason="cancelled") - dropped0
