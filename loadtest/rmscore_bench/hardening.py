@@ -195,7 +195,8 @@ def markdown(record: dict) -> str:
              f"cores ({m.get('cpu', '?')}), load average at start {load or '?'} (a shared machine); "
              f"server flags {flags}. "
              f"Rerun: `rmscore hardening --overload-seconds {st.get('overload_seconds'):g} "
-             f"--soak-seconds {st.get('soak_seconds'):g}`.", ""]
+             f"--soak-seconds {st.get('soak_seconds'):g} --soak-warmup-seconds {st.get('soak_warmup_seconds'):g} "
+             f"--cancel-rounds {st.get('cancel_rounds')} --kill-sequences {st.get('kill_sequences')}`.", ""]
 
     def table(title, scenario, header, row):
         lines.extend([f"**{title}**", "", "| kind | " + " | ".join(header) + " |",
