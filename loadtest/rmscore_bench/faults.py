@@ -484,12 +484,16 @@ def drain(server, *, in_flight: int = 6, sequences_per_request: int = 12, length
             key = f"{c}: {d[:40]}" if c != "UNAVAILABLE" or "draining" in d else f"{c} (closed)"
             refusals[key] = refusals.get(key, 0) + 1
     accepted_probes = [p for p in probes if p[2] == "OK"]
+    # While draining, a refusal is UNAVAILABLE. In the last moment of the process (the gRPC
+    # listener's own shutdown, ~1 s) a call can also meet CANCELLED or a reset: counted apart.
+    t_exit = t_sig + exit_s
+    odd_early = sum(1 for _, a, c, _ in probes if c not in ("OK", "UNAVAILABLE") and a < t_exit - 1.5)
     return {
         "kind": server.kind, "grace_s": grace_s, "in_flight": in_flight,
         "in_flight_answered_ok": sum(1 for r in results if r and r[0] == "OK" and r[1] == str(sequences_per_request)),
         "in_flight_outcomes": [list(r) if r else None for r in results],
         "probes_accepted": len(accepted_probes), "probes_refused": len(probes) - len(accepted_probes),
-        "refusal_kinds": refusals,
+        "refusal_kinds": refusals, "refusals_not_unavailable_before_exit": odd_early,
         "health_checks": len(health),
         "not_serving_seen_ms": rel_ms(first_not_serving), "first_refusal_ms": rel_ms(first_refusal),
         "health_serving_after_refusal": serving_after_refusal,
