@@ -36,6 +36,11 @@ class Metrics:
             self._m[spec["name"]] = (family, common, spec["labels"])
             if not spec["labels"]:
                 family.labels(**common)
+        # Labelled families are exported only once they hold a series: make the known
+        # ones now, as the C++ server does, so every name is visible from the first scrape.
+        for reason in ("deadline", "cancelled"):
+            self._child("rmscore_sequences_dropped_total", reason=reason)
+        self._child("rmscore_requests_total", code="OK")
 
     def _child(self, name: str, **extra):
         family, common, _ = self._m[name]
