@@ -175,8 +175,14 @@ void Batcher::BatcherLoop() {
       snapshot.push_back(Waiting{q.id, q.arrival_us, q.job->seqs_[q.index].length, deadline});
     }
     const int64_t now = NowUs();
+    // While the worker runs, only a full batch is built ahead (an effectively
+    // infinite delay makes the planner dispatch only full ones), so sequences
+    // arriving meanwhile can still join: the same policy as the Python batcher.
+    PlannerConfig cfg = opts_.planner;
+    const bool busy = worker_busy_;
+    if (busy) cfg.max_queue_delay_us = int64_t(1) << 62;
     lk.unlock();
-    const Decision d = Plan(snapshot, now, opts_.planner);
+    const Decision d = Plan(snapshot, now, cfg);
     lk.lock();
     DropLocked(d.expired, grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded before scoring"),
                "deadline", &finished);
@@ -194,7 +200,10 @@ void Batcher::BatcherLoop() {
     if (batch) {
       ready_ = std::move(batch);
       worker_cv_.notify_one();
-    } else if (d.wait_us && !stopping_) {
+    } else if (busy && worker_busy_ && !stopping_) {
+      // The worker's completion (or an arrival) wakes us to plan again.
+      batcher_cv_.wait(lk);
+    } else if (d.wait_us && !stopping_ && !busy) {
       // Woken early by an arrival or a cancellation: plan again.
       batcher_cv_.wait_for(lk, std::chrono::microseconds(*d.wait_us));
     }
@@ -209,9 +218,12 @@ void Batcher::WorkerLoop() {
     Batch b = std::move(*ready_);
     ready_.reset();
     batcher_cv_.notify_one();  // the batcher may build the next batch now
+    worker_busy_ = true;
     lk.unlock();
     RunBatch(b);
     lk.lock();
+    worker_busy_ = false;
+    batcher_cv_.notify_one();  // the batcher may now form a batch that is not full
   }
 }
 

@@ -128,6 +128,7 @@ class Batcher {
   std::condition_variable idle_cv_;     // active_jobs_ reached 0
   std::deque<Queued> queue_;            // arrival order
   std::optional<Batch> ready_;          // built ahead, waiting for the worker
+  bool worker_busy_ = false;            // the worker is running a batch
   uint64_t next_seq_id_ = 1, next_batch_ = 1;
   size_t active_jobs_ = 0;              // accepted, done not yet run
   bool abandoned_ = false;              // some queued job was cancelled or failed

@@ -8,6 +8,7 @@
 #include <future>
 #include <mutex>
 #include <stdexcept>
+#include <thread>
 
 #include "batcher.h"
 
@@ -113,6 +114,37 @@ TEST(Batcher, JoinsSequencesOfSeveralRequestsIntoOneBatch) {
   EXPECT_EQ(Get(*c).scores, std::vector<float>{3001});
   std::lock_guard<std::mutex> lk(h.mu);
   EXPECT_EQ(h.batch_sizes, std::vector<int64_t>{4});
+}
+
+TEST(Batcher, WhileABatchRunsOnlyAFullBatchIsBuiltAhead) {
+  // Zero delay: an idle worker takes whatever waits. While the model is held
+  // inside the first batch, three single sequences arrive one by one; the
+  // shared policy builds no partial batch ahead, so all three (not just the
+  // first) join the batch after it.
+  Harness h(/*max_batch_size=*/8, /*delay_us=*/0);
+  std::promise<void> entered, release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<int> calls{0};
+  h.hook = [&](const PackedBatch&) {
+    if (calls.fetch_add(1) == 0) {
+      entered.set_value();
+      released.wait();
+    }
+  };
+  auto first = Submit(*h.batcher, {{1}});
+  ASSERT_EQ(entered.get_future().wait_for(10s), std::future_status::ready);
+  auto a = Submit(*h.batcher, {{2}});
+  std::this_thread::sleep_for(20ms);  // the batcher plans after each arrival
+  auto b = Submit(*h.batcher, {{3}});
+  auto c = Submit(*h.batcher, {{4}});
+  std::this_thread::sleep_for(20ms);
+  release.set_value();
+  EXPECT_EQ(Get(*first).scores, std::vector<float>{1001});
+  EXPECT_EQ(Get(*a).scores, std::vector<float>{2001});
+  EXPECT_EQ(Get(*b).scores, std::vector<float>{3001});
+  EXPECT_EQ(Get(*c).scores, std::vector<float>{4001});
+  std::lock_guard<std::mutex> lk(h.mu);
+  EXPECT_EQ(h.batch_sizes, (std::vector<int64_t>{1, 3}));
 }
 
 TEST(Batcher, AFailingBatchFailsItsRequestsAndServingGoesOn) {
