@@ -32,6 +32,14 @@ class OrtBackend:
         path = repo.graph_path(cfg.precision)
         progress(f"loading {path} into ONNX Runtime {ort.__version__} ({providers[0]})")
         self._sess = ort.InferenceSession(str(path), so, providers=providers)
+        if cfg.device == "cuda":
+            # The package lists CUDA when built with it, yet a session whose CUDA provider fails
+            # to load falls back to the CPU with only a warning: refuse that, at start and per run.
+            if self._sess.get_providers()[0] != "CUDAExecutionProvider":
+                raise RuntimeError("--device cuda: the CUDA execution provider failed to load "
+                                   f"(session providers: {self._sess.get_providers()}). "
+                                   "Not falling back to the CPU.")
+            self._sess.disable_fallback()
 
     def score(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         return self._sess.run(["scores"], {"input_ids": input_ids, "attention_mask": attention_mask})[0]
