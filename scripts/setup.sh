@@ -39,6 +39,13 @@ step_venv() {
   [ -x .venv/bin/python ] || { say "Python venv: creating .venv with $($py --version)"; "$py" -m venv .venv; }
   say "Python venv: installing requirements.lock (torch 2.13.0 CPU, onnxruntime, grpcio, ...)"
   pip_quiet install -q --upgrade pip
+  # torch==2.13.0 on PyPI is the CUDA build (several GB of nvidia-* wheels). Take the CPU build
+  # first, alone: from a local wheel where pip is configured with one (find-links), else from
+  # PyTorch's CPU index; the lock's torch==2.13.0 is then already met by 2.13.0+cpu.
+  if [ "${RMSCORE_GPU:-0}" != 1 ] && ! .venv/bin/python -c 'import torch' 2>/dev/null; then
+    pip_quiet install -q --no-deps --no-index torch==2.13.0 \
+      || pip_quiet install -q --no-deps torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+  fi
   pip_quiet install -q -r requirements.lock
   if [ "${RMSCORE_GPU:-0}" = 1 ]; then
     # GPU variant: CUDA-enabled ONNX Runtime of the same version (see docs/gpu.md).
