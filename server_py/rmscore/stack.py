@@ -12,11 +12,13 @@ import json
 import pathlib
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 
+import httpx
 import yaml
 
 from . import launch
@@ -73,7 +75,36 @@ class Stack:
                 p.popen.wait()
 
 
-def prometheus_config(kinds: list[str], run_dir: pathlib.Path, scrape_seconds: int = 2) -> pathlib.Path:
+def prometheus_port(preferred: int = 9090) -> int:
+    """9090 when free; else a free port (Debian's own prometheus.service may hold 9090)."""
+    for port in (preferred, 0):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise StackError("no free port for Prometheus")
+
+
+def wait_prometheus(proc: "Proc", port: int, timeout_s: float = 60) -> None:
+    """Poll /-/ready, so the table never claims a Prometheus that did not start."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if proc.popen.poll() is not None:
+            break
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/-/ready", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    tail = proc.log.read_text(errors="replace")[-2000:] if proc.log.exists() else ""
+    raise StackError(f"Prometheus did not become ready on 127.0.0.1:{port}:\n{tail}")
+
+
+def prometheus_config(kinds: list[str], run_dir: pathlib.Path, scrape_seconds: int = 2,
+                      port: int = 9090) -> pathlib.Path:
     """The compose stack's Prometheus config with its DNS discovery replaced by local targets."""
     cfg = yaml.safe_load((ROOT / "docker/prometheus/prometheus.yml").read_text())
     cfg["global"]["scrape_interval"] = f"{scrape_seconds}s"
@@ -87,7 +118,7 @@ def prometheus_config(kinds: list[str], run_dir: pathlib.Path, scrape_seconds: i
             job["static_configs"] = [{"targets": [f"127.0.0.1:{LAYOUT[k][1]}"], "labels": {"service": k}}
                                      for k in kinds]
         elif job["job_name"] == "prometheus":
-            job["static_configs"] = [{"targets": ["127.0.0.1:9090"]}]
+            job["static_configs"] = [{"targets": [f"127.0.0.1:{port}"]}]
     path = run_dir / "prometheus.yml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -188,10 +219,12 @@ def up(args) -> int:
         start_servers(stack, kinds, args.model, args.ready_timeout_seconds)
         prom = shutil.which("prometheus")
         if prom:
-            stack.spawn("prometheus", [prom, f"--config.file={prometheus_config(kinds, run_dir)}",
-                                       f"--storage.tsdb.path={run_dir / 'tsdb'}",
-                                       "--web.listen-address=127.0.0.1:9090"])
-            print("[up] Prometheus on http://127.0.0.1:9090 scraping every server", flush=True)
+            port = prometheus_port()
+            proc = stack.spawn("prometheus", [prom, f"--config.file={prometheus_config(kinds, run_dir, port=port)}",
+                                              f"--storage.tsdb.path={run_dir / 'tsdb'}",
+                                              f"--web.listen-address=127.0.0.1:{port}"])
+            wait_prometheus(proc, port)
+            print(f"[up] Prometheus on http://127.0.0.1:{port} scraping every server", flush=True)
         else:
             print("[up] prometheus not installed (scripts/setup.sh installs it): metrics not collected")
         stats = run_locust(stack, kinds, args.users_per_server, args.duration_seconds)
