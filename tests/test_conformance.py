@@ -199,9 +199,16 @@ def test_overload_is_refused_fast_and_nothing_is_lost(server):
     assert max(o[2] for o in refused) < 1.0, refused  # refused at once, not after queueing
 
 
+def _dropped_total(server) -> float:
+    return sum(float(m.group(1)) for m in re.finditer(
+        r'^rmscore_sequences_dropped_total\{[^}]*reason="(?:deadline|cancelled)"[^}]*\} (\S+)',
+        server.metrics_text(), re.M))
+
+
 def test_deadline_exceeded(server):
     c = Caller(server)
     try:
+        before = _dropped_total(server)
         busy = threading.Thread(target=lambda: c.score(tokens(rand_seqs(64, 300, 400, seed=5)), timeout_s=300))
         busy.start()
         time.sleep(0.2)
@@ -209,6 +216,13 @@ def test_deadline_exceeded(server):
             Caller(server).score(tokens(GOLDEN_IDS[:2]), timeout_s=0.05)
         assert e.value.code == "DEADLINE_EXCEEDED"
         busy.join()
+        # The client's own deadline raises the error above whatever the server does; what the
+        # server must do is drop the two sequences (deadline passed, or the call was cancelled)
+        # instead of scoring them for nobody.
+        end = time.monotonic() + 20
+        while _dropped_total(server) < before + 2 and time.monotonic() < end:
+            time.sleep(0.05)
+        assert _dropped_total(server) >= before + 2
     finally:
         c.close()
 
