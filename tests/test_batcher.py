@@ -165,3 +165,24 @@ def test_stop_answers_whatever_is_still_queued():
     (queued,) = out.wait("queued")
     assert isinstance(queued, ScoreError) and queued.code == Code.UNAVAILABLE
     assert out.calls["queued"] == 1
+
+
+def test_stop_answers_a_batch_built_but_never_run():
+    # While the worker runs, a full batch is built ahead into the slot; on stop the worker exits
+    # without taking it, so stop itself must answer it (it once left such a call open forever).
+    model, out = GatedModel(), Outcomes()
+    model.gated = True
+    b = make(model, size=1)
+    b.submit([[1]], None, out.cb("running"))
+    assert model.entered.acquire(timeout=10)
+    b.submit([[5]], None, out.cb("built"))
+    b.submit([[6]], None, out.cb("queued"))  # a neighbour that does not fit makes [[5]] a full batch
+    with b._lock:  # white-box: wait for the batcher to have sealed it, not for time to pass
+        assert b._wake.wait_for(lambda: b._slot is not None, 10)
+    threading.Timer(0.2, model.release.release).start()
+    b.stop()
+    built, queued, running = out.wait("built", "queued", "running")
+    for e in (built, queued):
+        assert isinstance(e, ScoreError) and (e.code, e.message) == (Code.UNAVAILABLE, "not ready: draining")
+    assert isinstance(running, Result) and running.scores == [1]
+    assert model.batches == [[1]]

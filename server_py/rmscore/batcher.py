@@ -149,16 +149,21 @@ class Batcher:
                 self._wake.wait(left)
         return True
 
-    def stop(self) -> None:
-        """Fail whatever is still queued (UNAVAILABLE) and end the threads."""
+    def stop(self, join_timeout_s: float = 30.0) -> None:
+        """Fail whatever is still queued (UNAVAILABLE) and end the threads. A batch already in the
+        model cannot be interrupted: its calls are answered when it ends, if the transport is still up."""
         with self._lock:
             self._accepting = False
             self._stopping = True
             reqs = {id(it.req): it.req for it in self._queue.values()}
+            if self._slot is not None:  # built but never run: the worker exits without taking it
+                reqs.update({id(it.req): it.req for it in self._slot.items})
+                self._slot = None
             self._wake.notify_all()
-        self._fail(list(reqs.values()), ScoreError(Code.UNAVAILABLE, "not ready: server stopped"), "cancelled")
+        self._fail(list(reqs.values()), ScoreError(Code.UNAVAILABLE, "not ready: draining"), "cancelled")
+        end = time.monotonic() + join_timeout_s
         for t in self._threads:
-            t.join(timeout=30)
+            t.join(timeout=max(0.0, end - time.monotonic()))
 
     # ---- batcher thread --------------------------------------------------------------------
     def _batcher_loop(self) -> None:
