@@ -108,6 +108,7 @@ const std::map<std::string, Setter>& Setters() {
          c.device = ParseChoice<Device>(f, v, {{"cpu", Device::kCpu}, {"cuda", Device::kCuda}});
        }},
       {"--drain-grace-seconds", [](Config& c, auto& f, auto& v) { c.drain_grace_seconds = ParseNumber(f, v, 0); }},
+      {"--warmup-rounds", [](Config& c, auto& f, auto& v) { c.warmup_rounds = int(ParseInt(f, v, 1, 1 << 20)); }},
       {"--tls-cert-file", [](Config& c, auto& f, auto& v) { c.tls_cert_file = NonEmpty(f, v); }},
       {"--tls-key-file", [](Config& c, auto& f, auto& v) { c.tls_key_file = NonEmpty(f, v); }},
       {"--auth-token-file", [](Config& c, auto& f, auto& v) { c.auth_token_file = NonEmpty(f, v); }},
@@ -195,7 +196,7 @@ std::string Usage() {
          "  --max-queue-delay-ms 2  --max-queue-sequences 4096  --max-sequences-per-request 1024\n"
          "  --max-request-bytes 16777216  --intra-op-threads 2  --inter-op-threads 1\n"
          "  --graph-optimization-level disable|basic|extended|all  --precision fp32|int8\n"
-         "  --device cpu|cuda  --drain-grace-seconds 30\n"
+         "  --device cpu|cuda  --drain-grace-seconds 30  --warmup-rounds 1\n"
          "  --tls-cert-file PEM --tls-key-file PEM (both or neither; default: plaintext)\n"
          "  --auth-token-file PATH (shared bearer token; default: none)\n"
          "See docs/contract.md and docs/cpp_server.md.\n";

@@ -33,6 +33,9 @@ struct Config {
   Precision precision = Precision::kFp32;
   Device device = Device::kCpu;
   double drain_grace_seconds = 30;
+  // Times the warm-up set (a few small batches) runs before the self-check;
+  // more rounds settle the runtime's allocators and caches before traffic.
+  int warmup_rounds = 1;
   // Transport security and the shared bearer token (docs/contract.md, "Access
   // control"). Empty: off. Checked at parse time: TLS takes both files or
   // neither, every file must be readable, the token file must hold a token.

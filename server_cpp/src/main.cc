@@ -2,13 +2,14 @@
 //
 // Order: flags -> manifest -> metrics endpoint -> gRPC bound (health
 // NOT_SERVING, calls refused "not ready: warming up") -> port file -> model
-// loaded and golden self-check -> SERVING. On SIGTERM/SIGINT: NOT_SERVING,
+// loaded, warmed up (--warmup-rounds) and golden self-check -> SERVING. On SIGTERM/SIGINT: NOT_SERVING,
 // new calls refused "not ready: draining", accepted work finished, exit 0.
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -47,6 +48,26 @@ void SetHealth(grpc::Server& server, bool serving) {
   health->SetServingStatus(kServiceName, serving);
 }
 
+// The same warm-up set as the Python ONNX Runtime backend (backends/ort.py):
+// one tiny batch and one mid-sized one, so the first real batches find the
+// runtime's kernels and arena ready. All-ones ids are valid in any vocabulary.
+void WarmUp(ModelRunner& runner, const Config& cfg) {
+  const Clock::time_point t = Clock::now();
+  const int64_t shapes[][2] = {{1, 8}, {std::min<int64_t>(8, cfg.max_batch_size), 64}};
+  for (int round = 0; round < cfg.warmup_rounds; ++round) {
+    for (const auto& [batch, length] : shapes) {
+      PackedBatch b;
+      b.batch = batch;
+      b.longest = length;
+      b.input_ids.assign(size_t(batch * length), 1);
+      b.attention_mask.assign(size_t(batch * length), 1);
+      b.real_tokens = batch * length;
+      runner.Run(b);
+    }
+  }
+  std::cout << "rmscore warm-up rounds=" << cfg.warmup_rounds << " warmup_s=" << SecondsSince(t) << std::endl;
+}
+
 // Blocks until SIGTERM or SIGINT (blocked in every thread since start).
 int WaitForSignal(const sigset_t& signals) {
   int sig = 0;
@@ -82,6 +103,7 @@ int Run(const Config& cfg, const sigset_t& signals) {
   std::unique_ptr<ModelRunner> runner;
   try {
     runner = std::make_unique<ModelRunner>(cfg, manifest);
+    WarmUp(*runner, cfg);
     const SelfCheckReference ref = SelfCheckReferenceFor(manifest, cfg.precision);
     const double diff = runner->SelfCheck(manifest, cfg.precision);
     std::cout << "rmscore self-check " << ToString(cfg.precision) << " graph=" << runner->graph_path()

@@ -44,6 +44,7 @@ TEST(Config, DefaultsAreTheContracts) {
   EXPECT_EQ(c.precision, Precision::kFp32);
   EXPECT_EQ(c.device, Device::kCpu);
   EXPECT_EQ(c.drain_grace_seconds, 30);
+  EXPECT_EQ(c.warmup_rounds, 1);
   EXPECT_FALSE(c.tls());
   EXPECT_EQ(c.auth_token, "");
 }
@@ -54,6 +55,7 @@ TEST(Config, BothFlagForms) {
   EXPECT_EQ(c.max_batch_size, 8);
   EXPECT_EQ(c.batching, BatchingMode::kFifo);
   EXPECT_EQ(c.max_queue_delay_us(), 500);
+  EXPECT_EQ(Parse({"--warmup-rounds", "40"}).warmup_rounds, 40);
 }
 
 TEST(Config, BadValuesQuoteTheValue) {
@@ -62,6 +64,7 @@ TEST(Config, BadValuesQuoteTheValue) {
   EXPECT_EQ(ErrorOf({"--port", "70000"}), "--port: must be <= 65535, got 70000");
   EXPECT_EQ(ErrorOf({"--device", "tpu"}), "--device: must be one of cpu, cuda, got 'tpu'");
   EXPECT_EQ(ErrorOf({"--max-queue-delay-ms", "-1"}), "--max-queue-delay-ms: must be >= 0, got -1");
+  EXPECT_EQ(ErrorOf({"--warmup-rounds", "0"}), "--warmup-rounds: must be >= 1, got 0");
   EXPECT_EQ(ErrorOf({"--bogus", "1"}), "unknown flag '--bogus' (see --help)");
   EXPECT_EQ(ErrorOf({"--model"}), "--model: missing value");
 }

@@ -57,6 +57,8 @@ class ServeConfig:
     precision: str = "fp32"
     device: str = "cpu"
     drain_grace_seconds: float = 30.0
+    #: Times the backend's warm-up set runs before the self-check (same flag in the C++ server).
+    warmup_rounds: int = 1
     # Access control (docs/contract.md): TLS with both files, a shared bearer token from a
     # file (never a flag value, so it does not show in `ps`). None: off.
     tls_cert_file: pathlib.Path | None = None
@@ -88,7 +90,8 @@ class ServeConfig:
                             ("max-sequences-per-request", self.max_sequences_per_request),
                             ("max-request-bytes", self.max_request_bytes),
                             ("intra-op-threads", self.intra_op_threads),
-                            ("inter-op-threads", self.inter_op_threads)):
+                            ("inter-op-threads", self.inter_op_threads),
+                            ("warmup-rounds", self.warmup_rounds)):
             check(value >= 1, flag, "must be >= 1", value)
         check(self.max_queue_delay_ms >= 0, "max-queue-delay-ms", "must be >= 0", self.max_queue_delay_ms)
         check(self.drain_grace_seconds > 0, "drain-grace-seconds", "must be > 0", self.drain_grace_seconds)
@@ -141,7 +144,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=None, help="0: ephemeral (default: 50051 gRPC, 8000 HTTP)")
     p.add_argument("--port-file", default=None, help="write {port, metrics_port} JSON here once bound")
     for name in ("metrics_port", "max_batch_size", "max_batch_tokens", "max_queue_sequences",
-                 "max_sequences_per_request", "max_request_bytes", "intra_op_threads", "inter_op_threads"):
+                 "max_sequences_per_request", "max_request_bytes", "intra_op_threads", "inter_op_threads",
+                 "warmup_rounds"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=d[name].default, help="(default: %(default)s)")
     for name in ("max_queue_delay_ms", "drain_grace_seconds"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=d[name].default, help="(default: %(default)s)")
@@ -163,8 +167,8 @@ def from_args(a: argparse.Namespace) -> ServeConfig:
         max_sequences_per_request=a.max_sequences_per_request, max_request_bytes=a.max_request_bytes,
         intra_op_threads=a.intra_op_threads, inter_op_threads=a.inter_op_threads,
         graph_optimization_level=a.graph_optimization_level, precision=a.precision, device=a.device,
-        drain_grace_seconds=a.drain_grace_seconds, tls_cert_file=_path("tls-cert-file", a.tls_cert_file),
-        tls_key_file=_path("tls-key-file", a.tls_key_file),
+        drain_grace_seconds=a.drain_grace_seconds, warmup_rounds=a.warmup_rounds,
+        tls_cert_file=_path("tls-cert-file", a.tls_cert_file), tls_key_file=_path("tls-key-file", a.tls_key_file),
         auth_token_file=_path("auth-token-file", a.auth_token_file))
 
 

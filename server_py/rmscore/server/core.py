@@ -56,7 +56,8 @@ class ScoringCore:
         t0 = time.perf_counter()
         try:
             self.backend = backends.create(self.cfg, self.repo)
-            self.backend.warmup(self.cfg.max_batch_size, self.repo.max_sequence_length)
+            for _ in range(self.cfg.warmup_rounds):
+                self.backend.warmup(self.cfg.max_batch_size, self.repo.max_sequence_length)
             diff = backends.self_check(self.backend, self.repo, self.cfg.precision)
             backends.progress(f"self-check passed: max abs diff {diff:.2e} against the golden scores")
             self._baseline_recompiles = self.backend.recompiles()
