@@ -34,7 +34,9 @@ step_apt() {
 
 step_venv() {
   local py=${RMSCORE_PYTHON:-python3}
-  local stamp=.venv/.rmscore-lock-$(sha256sum requirements.lock pyproject.toml | sha256sum | cut -c1-16)
+  local gpu=${RMSCORE_GPU:-0}
+  # The flag is part of the stamp: switching CPU <-> GPU must reinstall torch and onnxruntime.
+  local stamp=.venv/.rmscore-lock-$( { sha256sum requirements.lock pyproject.toml; echo "gpu=$gpu"; } | sha256sum | cut -c1-16)
   if [ -f "$stamp" ]; then say "Python venv: up to date (.venv)"; return; fi
   [ -x .venv/bin/python ] || { say "Python venv: creating .venv with $($py --version)"; "$py" -m venv .venv; }
   say "Python venv: installing requirements.lock (torch 2.13.0 CPU, onnxruntime, grpcio, ...)"
@@ -42,12 +44,24 @@ step_venv() {
   # torch==2.13.0 on PyPI is the CUDA build (several GB of nvidia-* wheels). Take the CPU build
   # first, alone: from a local wheel where pip is configured with one (find-links), else from
   # PyTorch's CPU index; the lock's torch==2.13.0 is then already met by 2.13.0+cpu.
-  if [ "${RMSCORE_GPU:-0}" != 1 ] && ! .venv/bin/python -c 'import torch' 2>/dev/null; then
+  if [ "$gpu" != 1 ] && .venv/bin/python -c 'import torch, sys; sys.exit(torch.version.cuda is None)' 2>/dev/null; then
+    say "Python venv: RMSCORE_GPU unset, replacing the CUDA build of torch with the CPU build"
+    pip_quiet uninstall -q -y torch onnxruntime-gpu
+  fi
+  if [ "$gpu" != 1 ] && ! .venv/bin/python -c 'import torch' 2>/dev/null; then
     pip_quiet install -q --no-deps --no-index torch==2.13.0 \
       || pip_quiet install -q --no-deps torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
   fi
+  if [ "$gpu" = 1 ] && .venv/bin/python -c 'import torch, sys; sys.exit(torch.version.cuda is not None)' 2>/dev/null; then
+    # 2.13.0+cpu meets the lock's torch==2.13.0, so pip would keep it: remove it first.
+    say "Python venv: RMSCORE_GPU=1, replacing the CPU build of torch with PyPI's CUDA build"
+    pip_quiet uninstall -q -y torch
+  fi
   pip_quiet install -q -r requirements.lock
-  if [ "${RMSCORE_GPU:-0}" = 1 ]; then
+  if [ "$gpu" = 1 ] && ! .venv/bin/python -c 'import torch, sys; sys.exit(torch.version.cuda is None)'; then
+    say "ERROR: RMSCORE_GPU=1 but the installed torch is not a CUDA build (a local +cpu wheel won?)"; exit 1
+  fi
+  if [ "$gpu" = 1 ]; then
     # GPU variant: CUDA-enabled ONNX Runtime of the same version (see docs/gpu.md).
     say "Python venv: RMSCORE_GPU=1, swapping onnxruntime for onnxruntime-gpu"
     pip_quiet uninstall -q -y onnxruntime
@@ -67,7 +81,9 @@ step_stubs() {
 
 step_cpp() {
   if [ "${RMSCORE_SKIP_CPP:-0}" = 1 ]; then say "C++ server: skipped (RMSCORE_SKIP_CPP=1)"; return; fi
-  bash scripts/setup_ort_sdk.sh
+  # RMSCORE_GPU=1 also takes the C++ SDK's CUDA variant (onnxruntime-gpu's library), unless
+  # RMSCORE_ORT_GPU says otherwise; setup_ort_sdk.sh's stamp names the flavour, so a switch refetches.
+  RMSCORE_ORT_GPU=${RMSCORE_ORT_GPU:-${RMSCORE_GPU:-0}} bash scripts/setup_ort_sdk.sh
   bash scripts/build_cpp.sh
   bash scripts/build_cpp.sh --fuzz
 }
