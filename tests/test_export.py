@@ -210,6 +210,66 @@ def test_bad_checkpoint_fails_clearly(tmp_path, kind, message):
     assert not out.exists() or not any(out.iterdir()), list(out.iterdir())
 
 
+def _broken_checkpoint(src: pathlib.Path, kind: str) -> pathlib.Path:
+    """A copy of the default checkpoint broken in one way; every one fails before weights are used."""
+    shutil.copytree(DEFAULT / "hf", src)
+    cfg_path = src / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    if kind == "config not JSON":
+        cfg_path.write_text("{not json")
+    elif kind == "config not an object":
+        cfg_path.write_text("[1, 2]")
+    elif kind == "config lacks vocab_size":
+        cfg.pop("vocab_size")
+        cfg_path.write_text(json.dumps(cfg))
+    elif kind == "config bad vocab_size":
+        cfg["vocab_size"] = "many"
+        cfg_path.write_text(json.dumps(cfg))
+    elif kind == "unknown architecture":
+        cfg["architectures"] = ["FooForSequenceClassification"]
+        cfg_path.write_text(json.dumps(cfg))
+    elif kind == "architecture of another model type":
+        cfg["architectures"] = ["RobertaForSequenceClassification"]
+        cfg_path.write_text(json.dumps(cfg))
+    elif kind == "weights unreadable":  # transformers raises OSError for a weights path it cannot open
+        (src / "model.safetensors").unlink()
+        (src / "model.safetensors").mkdir()
+    elif kind == "weights corrupt":
+        (src / "model.safetensors").write_bytes(b"not safetensors")
+    elif kind == "tokenizer corrupt":
+        (src / "tokenizer.json").write_text("{bad")
+    return src
+
+
+BROKEN = {
+    "config not JSON": "'{d}/config.json' is not valid JSON: Expecting property name",
+    "config not an object": "'{d}/config.json' must hold a JSON object, got list",
+    "config lacks vocab_size": "'{d}/config.json' has no 'vocab_size' key",
+    "config bad vocab_size": "'{d}/config.json' holds a bad value: invalid literal for int() with base 10: 'many'",
+    "unknown architecture": "architecture 'FooForSequenceClassification' in '{d}/config.json' is not a class in "
+                            "transformers",
+    "architecture of another model type": "architecture 'RobertaForSequenceClassification' in '{d}/config.json' "
+                                          "does not match the class its model_type loads, "
+                                          "'BertForSequenceClassification'",
+    "weights unreadable": "cannot load the checkpoint in '{d}': ",
+    "weights corrupt": "cannot load the checkpoint in '{d}': ",
+    "tokenizer corrupt": "'{d}/tokenizer.json' is not a Hugging Face tokenizer file: ",
+}
+
+
+@pytest.mark.parametrize("kind", list(BROKEN))
+def test_broken_checkpoint_exits_with_one_line_quoting_it(tmp_path, kind):
+    src = _broken_checkpoint(tmp_path / "ckpt", kind)
+    out = tmp_path / "models"
+    r = run_export("--model", str(src), "--name", "x", "--output", str(out))
+    text = r.stdout + r.stderr
+    assert r.returncode == 2 and "Traceback" not in text, text
+    errors = [line for line in text.splitlines() if line.startswith("rmscore export: error: ")]
+    assert len(errors) == 1, text
+    assert "rmscore export: error: --model: " + BROKEN[kind].format(d=src) in errors[0], text
+    assert not out.exists() or not any(out.iterdir()), list(out.iterdir())
+
+
 def test_unwritable_output_fails_clearly(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")

@@ -50,6 +50,51 @@ class Steps:
         return time.perf_counter() - self.t0
 
 
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def read_checkpoint(hf_dir: pathlib.Path) -> tuple[ModelSpec, object]:
+    """The spec and the model, or ExportError with one line that quotes the bad path or value: a
+    user's checkpoint fails in many ways (bad JSON, missing keys, unreadable or corrupt weights), and a
+    traceback from deep inside json, transformers or safetensors says none of them plainly."""
+    cfg_path = hf_dir / "config.json"
+    if cfg_path.is_file():  # when absent, inspect_checkpoint says so
+        try:
+            cfg = json.loads(cfg_path.read_bytes())
+        except OSError as e:
+            raise ExportError(f"--model: cannot read {str(cfg_path)!r}: {e.strerror}") from e
+        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError alike
+            raise ExportError(f"--model: {str(cfg_path)!r} is not valid JSON: {_one_line(e)}") from e
+        if not isinstance(cfg, dict):
+            raise ExportError(f"--model: {str(cfg_path)!r} must hold a JSON object, got {type(cfg).__name__}")
+    try:
+        spec = inspect_checkpoint(hf_dir)
+    except ModelLoadError:
+        raise
+    except KeyError as e:
+        raise ExportError(f"--model: {str(cfg_path)!r} has no {e.args[0]!r} key") from e
+    except (TypeError, ValueError) as e:
+        raise ExportError(f"--model: {str(cfg_path)!r} holds a bad value: {_one_line(e)}") from e
+    import transformers
+
+    # from_pretrained builds the class of `model_type` whatever `architectures` says: a name that is
+    # no transformers class would be written into the manifest though another class was exported.
+    if not hasattr(transformers, spec.architecture):
+        raise ExportError(f"--model: architecture {spec.architecture!r} in {str(cfg_path)!r} is not a class in "
+                          f"transformers {transformers.__version__}")
+    try:
+        model = load_hf_model(hf_dir)
+    except Exception as e:  # noqa: BLE001 - OSError, safetensors' and torch's own errors: all mean "cannot load"
+        raise ExportError(f"--model: cannot load the checkpoint in {str(hf_dir)!r}: {_one_line(e)}") from e
+    loaded = type(model).__name__
+    if loaded != spec.architecture:
+        raise ExportError(f"--model: architecture {spec.architecture!r} in {str(cfg_path)!r} does not match the "
+                          f"class its model_type loads, {loaded!r}")
+    return spec, model
+
+
 def golden_inputs(hf_dir: pathlib.Path, spec: ModelSpec) -> list[list[int]]:
     """Varied lengths: real prompt/response pairs, then random ids up to the maximum."""
     from tokenizers import Tokenizer
@@ -183,8 +228,7 @@ def _export_into(out: pathlib.Path, model_dir: str | None, name: str, int8: bool
     head = None
     with steps.step("reading the checkpoint" if model_dir else "building the default MiniLM reward model"):
         if model_dir:
-            spec = inspect_checkpoint(pathlib.Path(model_dir))
-            hf_model = load_hf_model(pathlib.Path(model_dir))
+            spec, hf_model = read_checkpoint(pathlib.Path(model_dir))
             hf_model.save_pretrained(str(hf_out))
             shutil.copy(pathlib.Path(model_dir) / "tokenizer.json", hf_out / "tokenizer.json")
             for extra in ("tokenizer_config.json", "special_tokens_map.json"):
@@ -195,7 +239,11 @@ def _export_into(out: pathlib.Path, model_dir: str | None, name: str, int8: bool
             head = default_model.build_default_checkpoint(hf_out)
             spec = inspect_checkpoint(hf_out)
             hf_model = load_hf_model(hf_out)
-        _save_plain_tokenizer(hf_out / "tokenizer.json", out / "tokenizer.json")
+        try:
+            _save_plain_tokenizer(hf_out / "tokenizer.json", out / "tokenizer.json")
+        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception for a malformed file
+            src = pathlib.Path(model_dir) / "tokenizer.json" if model_dir else hf_out / "tokenizer.json"
+            raise ExportError(f"--model: {str(src)!r} is not a Hugging Face tokenizer file: {_one_line(e)}") from e
         module = RewardModule(hf_model, spec).eval()
     with steps.step("scoring golden inputs with PyTorch eager fp32"):
         seqs = golden_inputs(hf_out, spec)
