@@ -239,6 +239,9 @@ class _AsyncClientBase:
         are the caller's and may be any value. `errors="raise"`: an item the server refuses
         raises its typed error (with `.item_id`); `errors="yield"`: the error is yielded in
         place of the score and the stream goes on. Retryable failures are re-sent with backoff.
+        Each item must be answered within the client's `timeout_s` (default 30 s) of being sent,
+        retries included, as each chunk of `score()` must: else the stream ends with
+        `DeadlineExceeded`, so a hung server cannot hang the caller.
         `timeout_s`: deadline of the whole stream (default: none)."""
         if errors not in ("raise", "yield"):
             raise ValueError(f"errors must be 'raise' or 'yield', got {errors!r}")
@@ -416,7 +419,8 @@ class AsyncRewardClient(_AsyncClientBase):
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         results: asyncio.Queue = asyncio.Queue()
-        pending: dict[str, list] = {}  # wire id -> [caller id, pb.Sequence, attempts]
+        pending: dict[str, list] = {}  # wire id -> [caller id, pb.Sequence, attempts, first sent (monotonic)]
+        item_timeout_s = self.timeout_s
         outbound: asyncio.Queue = asyncio.Queue()  # wire ids to (re)send on the current call; None wakes
         slots = asyncio.Semaphore(self.max_in_flight)
         fed = asyncio.Event()
@@ -434,7 +438,7 @@ class AsyncRewardClient(_AsyncClientBase):
                 async for uid, ids in self._items(items):
                     await slots.acquire()
                     wid = str(next(counter))
-                    pending[wid] = [uid, pb.Sequence(tokens=pb.TokenIds(ids=ids)), 1]
+                    pending[wid] = [uid, pb.Sequence(tokens=pb.TokenIds(ids=ids)), 1, None]
                     outbound.put_nowait(wid)
             except BaseException as e:  # the caller's iterator or the tokenizer failed
                 results.put_nowait(_Fail(e))
@@ -453,6 +457,8 @@ class AsyncRewardClient(_AsyncClientBase):
                         continue
                     entry = pending.get(wid)
                     if entry is not None:
+                        if entry[3] is None:
+                            entry[3] = time.monotonic()
                         await call.write(pb.ScoreStreamRequest(id=wid, sequence=entry[1],
                                                                truncation=_TRUNC_PB[truncation]))
             except (grpc.RpcError, asyncio.InvalidStateError):
@@ -508,7 +514,25 @@ class AsyncRewardClient(_AsyncClientBase):
                     outbound.put_nowait(wid)
                 outbound.put_nowait(None)
 
+        async def watch() -> None:
+            """Ends the stream when the oldest unanswered item has waited `item_timeout_s`: a server
+            that stopped answering (hung, or stopped) leaves the call open and silent forever."""
+            while True:
+                sent = [e[3] for e in pending.values() if e[3] is not None]
+                due = min(sent) + item_timeout_s if sent else time.monotonic() + item_timeout_s
+                # At most 1 s between looks: an item sent while this sleeps is due later than `due`.
+                await asyncio.sleep(min(max(due - time.monotonic(), 0.0) + 0.01, 1.0))
+                late = [e for e in pending.values() if e[3] is not None and time.monotonic() - e[3] >= item_timeout_s]
+                if late:
+                    results.put_nowait(_Fail(DeadlineExceeded(
+                        "DEADLINE_EXCEEDED", f"stream: no score for item {late[0][0]!r} within {item_timeout_s} s "
+                        f"of sending it ({len(pending)} items unanswered)", attempts=late[0][2],
+                        item_id=late[0][0])))
+                    return
+
         tasks = [asyncio.create_task(feed()), asyncio.create_task(drive())]
+        if item_timeout_s is not None:
+            tasks.append(asyncio.create_task(watch()))
         async for r in _drain_results(results, tasks):
             yield r
 
