@@ -14,13 +14,10 @@ import atexit
 import functools
 import json
 import os
-import pathlib
 import random
 import re
 import signal
 import socket
-import subprocess
-import tempfile
 import threading
 import time
 
@@ -85,28 +82,7 @@ class FixedPortReplica:
         return f"127.0.0.1:{self.port}"
 
     def start(self, ready_timeout_s: float = 400) -> servers.RunningServer:
-        tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"rmscore-{self.kind}-fixed-"))
-        port_file, log_path = tmp / "ports.json", tmp / "server.log"
-        cmd = servers.command(self.kind, port=self.port, metrics_port=0, port_file=port_file, **self.flags)
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=servers.ROOT,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        deadline = time.monotonic() + ready_timeout_s
-        while not port_file.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                proc.wait()
-                raise RuntimeError(f"{self.kind} on port {self.port} did not bind:\n{log_path.read_text()}")
-            time.sleep(0.05)
-        ports = json.loads(port_file.read_text())
-        assert ports["port"] == self.port
-        self.server = servers.RunningServer(self.kind, "grpc", proc, self.port, ports["metrics_port"], log_path,
-                                            self.flags)
-        try:
-            servers.wait_until_ready(self.server, deadline)
-        except Exception:
-            self.server.stop(5)
-            raise
+        self.server = servers.start(self.kind, self.port, ready_timeout_s=ready_timeout_s, **self.flags)
         return self.server
 
     def kill(self) -> None:

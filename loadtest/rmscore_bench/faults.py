@@ -1,7 +1,7 @@
 """Fault scenarios against a real, started server: overload, kill and restart, drain, cancellation, soak.
 
-Each scenario drives a server that `start(kind, ...)` launched (tests/servers.py's
-launcher, plus a pinned port so a killed server can come back where its clients
+Each scenario drives a server that `start(kind, ...)` launched (rmscore.launch's
+launcher, with a pinned port when a killed server must come back where its clients
 look for it) and returns a dict of plain figures: the tests assert on them,
 `rmscore hardening` reports them (docs/hardening.md).
 
@@ -37,56 +37,29 @@ import time
 
 import numpy as np
 
+from rmscore import launch
+
 from . import clients, loadgen
 from .stats import percentiles
 from .workload import LengthMix
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "default"
-# Small limits so that a 2-core machine fills the queue within seconds; the same for every kind.
-FLAGS = dict(max_queue_sequences=256, max_sequences_per_request=128, max_batch_size=16, drain_grace_seconds=60)
+# Small limits so that a 2-core machine fills the queue within seconds, with the tests' queue delay and
+# thread count (tests/servers.py); the same for every kind.
+FLAGS = dict(max_queue_sequences=256, max_sequences_per_request=128, max_batch_size=16, drain_grace_seconds=60,
+             max_queue_delay_ms=2, intra_op_threads=1)
 LIGHT_LENGTHS = "lognormal:64:0.5:16:256"
 
 
 # ---- servers -------------------------------------------------------------------------------
 
-def _servers():
-    from .runner import load_servers_module
-
-    return load_servers_module()
-
-
 def start(kind: str, port: int = 0, ready_timeout_s: float = 400, model: str | os.PathLike | None = None,
-          **flags):
+          **flags) -> launch.RunningServer:
     """Start `kind` on `port` (0: ephemeral) with FLAGS overridden by `flags`; a RunningServer once ready.
-
-    tests/servers.py always binds an ephemeral port; a restarted server must come back on the port its
-    clients know, so this mirrors servers.start with the port left to the caller."""
-    srv = _servers()
-    flags = {**FLAGS, **flags}
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"rmscore-faults-{kind}-"))
-    port_file, log_path = tmp / "ports.json", tmp / "server.log"
-    cmd = srv.command(kind, model=pathlib.Path(model or MODEL), port=port, metrics_port=0, port_file=port_file,
-                      **flags)
-    deadline = time.monotonic() + ready_timeout_s
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            proc.wait()
-            raise RuntimeError(f"{kind} did not bind port {port} (exit {proc.poll()}):\n{log_path.read_text()[-3000:]}")
-        time.sleep(0.05)
-    ports = json.loads(port_file.read_text())
-    server = srv.RunningServer(kind, srv.launch.transport(kind), proc, ports["port"], ports["metrics_port"],
-                               log_path, flags)
-    try:
-        srv.wait_until_ready(server, deadline)
-    except Exception:
-        server.stop(5)
-        raise
-    return server
+    A restarted server passes its old port, so it comes back where its clients look."""
+    return launch.start(kind, port, ready_timeout_s=ready_timeout_s, model=str(model or MODEL),
+                        log_dir=tempfile.mkdtemp(prefix=f"rmscore-faults-{kind}-"), **{**FLAGS, **flags})
 
 
 def rss_mb(pid: int) -> float:

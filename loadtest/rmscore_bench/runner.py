@@ -1,7 +1,8 @@
 """`rmscore bench` runs: K independent repetitions per configuration, each on freshly started servers.
 
 A configuration is a server kind (which fixes transport and backend) and a batching policy. A
-repetition starts the server(s) (`tests/servers.py`), waits for SERVING, warms up, scores a fixed
+repetition starts the server(s) (`rmscore.launch.start`, on 127.0.0.1, plaintext and without
+auth tokens: the numbers are the servers', not TLS's), waits for SERVING, warms up, scores a fixed
 parity set once (repetition 0), then runs the phases in order: closed loop at each concurrency
 level, open loop, rollouts. Isolated mode: one server at a time. Contended mode: every kind of the
 run at once (same batching policy), each phase started on all of them together.
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import importlib.util
 import json
 import os
 import pathlib
@@ -27,26 +27,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rmscore import launch
+
 from . import clients, loadgen
 from .presets import BACKEND_OF, Settings
 from .workload import LengthMix, make_rollout
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def load_servers_module():
-    """The project's launcher, tests/servers.py (servers on ephemeral loopback ports, stopped by PID)."""
-    path = ROOT / "tests" / "servers.py"
-    if not path.exists():
-        raise RuntimeError(f"rmscore bench needs the repository checkout: {path} not found")
-    name = "rmscore_bench_servers"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @dataclass(frozen=True)
@@ -122,7 +109,6 @@ class Bench:
         self.progress = progress
         self.mix = LengthMix.parse(settings.lengths)
         self.wl = loadgen.Workload(self.mix, settings.chunk_size, settings.rollout_size)
-        self.servers = load_servers_module()
         self.log = log or (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
         self.stopping = False
 
@@ -135,9 +121,8 @@ class Bench:
 
     # ---- plan ---------------------------------------------------------------------------
     def configs(self) -> tuple[list[Config], list[dict]]:
-        available = set(self.servers.available_kinds())
-        skipped = [{"kind": k, "reason": "not available here (tests/servers.py: binary not built or "
-                                          "RMSCORE_TEST_KINDS excludes it)"}
+        available = set(launch.built_kinds())
+        skipped = [{"kind": k, "reason": f"not available here ({launch.CPP_BINARY} not built)"}
                    for k in self.s.kinds if k not in available]
         kinds = [k for k in self.s.kinds if k in available]
         return [Config(k, b) for b in self.s.batching for k in kinds], skipped
@@ -260,8 +245,8 @@ class Bench:
             t = time.perf_counter()
             sess["server"] = {"flags": flags}
             try:
-                srv = self.servers.start(c.kind, ready_timeout_s=self.s.server_ready_timeout_s, wait_ready=False,
-                                         model=self.model, **flags)
+                srv = launch.start(c.kind, ready_timeout_s=self.s.server_ready_timeout_s, wait_ready=False,
+                                   model=self.model, **flags)
             except Exception as e:  # noqa: BLE001 - recorded; the run goes on without this server
                 sess["server"]["error"] = str(e)[-1500:]
                 srv = None
@@ -272,7 +257,7 @@ class Bench:
                 running.append(None)
                 continue
             try:
-                self.servers.wait_until_ready(srv, time.monotonic() + self.s.server_ready_timeout_s)
+                srv.wait_until_ready(time.monotonic() + self.s.server_ready_timeout_s)
                 sess["server"]["ready_s"] = time.perf_counter() - t
                 running.append(srv)
             except Exception as e:  # noqa: BLE001
