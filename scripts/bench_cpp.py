@@ -21,6 +21,8 @@ Every batch is then full by a limit: no sequence of any other batch can join it.
 with --batching fifo and those limits, so each request is exactly one server batch, whatever order
 requests arrive in, and a full batch runs without waiting for the queue delay. The last cut, which
 is not full, is dropped. The servers' batch counters (/metrics) are checked against the requests.
+The servers start through rmscore.launch.start on 127.0.0.1, plaintext and without an auth token:
+the overhead measured is the serving's, not TLS's.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ import json
 import os
 import pathlib
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -155,40 +156,21 @@ def metric_sum(metrics_port: int, name: str) -> float:
 
 
 class Server:
+    """A server kind through rmscore.launch.start (plaintext, no auth token, on 127.0.0.1), timed to SERVING."""
+
     def __init__(self, kind: str, a, tmp: pathlib.Path):
         from rmscore import launch
 
         self.kind = kind
-        d = pathlib.Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=tmp))  # fresh: never an old port file
-        port_file, self.log_path = d / "ports.json", d / "server.log"
-        cmd = launch.command(kind, model=str(a.model), port=0, metrics_port=0, port_file=port_file,
-                             batching="fifo", max_batch_size=a.max_batch_size, max_batch_tokens=a.max_batch_tokens,
-                             max_queue_delay_ms=a.max_queue_delay_ms, intra_op_threads=a.intra_op_threads,
-                             inter_op_threads=a.inter_op_threads)
-        self.cmd = cmd
-        log = open(self.log_path, "w")
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        deadline = t0 + a.startup_timeout_s
-        try:
-            while not port_file.exists():
-                self._alive_or_raise(deadline)
-                time.sleep(0.01)
-            ports = json.loads(port_file.read_text())
-            self.port, self.metrics_port = ports["port"], ports["metrics_port"]
-            while not launch.is_ready(kind, self.port):
-                self._alive_or_raise(deadline)
-                time.sleep(0.02)
-        except BaseException:
-            self.stop()
-            raise
+        # Health polled every 20 ms: start-up time is a figure here.
+        self.server = launch.start(kind, ready_timeout_s=a.startup_timeout_s, poll_s=0.02,
+                                   log_dir=tempfile.mkdtemp(prefix=f"{kind}-", dir=tmp), model=str(a.model),
+                                   batching="fifo", max_batch_size=a.max_batch_size,
+                                   max_batch_tokens=a.max_batch_tokens, max_queue_delay_ms=a.max_queue_delay_ms,
+                                   intra_op_threads=a.intra_op_threads, inter_op_threads=a.inter_op_threads)
         self.startup_s = time.monotonic() - t0
-
-    def _alive_or_raise(self, deadline: float) -> None:
-        if self.proc.poll() is not None or time.monotonic() > deadline:
-            why = f"exited with {self.proc.returncode}" if self.proc.poll() is not None else "not ready in time"
-            raise RuntimeError(f"{self.kind} {why}:\n{self.log_path.read_text(errors='replace')[-3000:]}")
+        self.proc, self.port, self.metrics_port = self.server.proc, self.server.port, self.server.metrics_port
 
     @property
     def target(self) -> str:
@@ -201,13 +183,7 @@ class Server:
         return own / 1024, tree / 1024
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        self.server.stop(60)
 
 
 def request_bytes(seqs: list[list[int]]) -> bytes:

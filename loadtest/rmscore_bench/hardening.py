@@ -7,7 +7,8 @@
 Per kind, one server serves overload, cancel, the hostile corpus and the soak; it is then SIGKILLed
 mid-rollout and restarted on its port, and the restarted one is drained with SIGTERM (so a slow
 warm-up, the compile kind's, is paid twice). Writes OUT/results.json, OUT/report.md, OUT/*.png and
-the figures section of docs/hardening.md (between its marker comments; the prose stays).
+the figures section of docs/hardening.md (between its marker comments; the prose stays). The
+servers run on 127.0.0.1 (rmscore.launch.start), plaintext and without an auth token.
 """
 
 from __future__ import annotations

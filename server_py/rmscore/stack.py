@@ -4,6 +4,10 @@ Every server kind on the default model, Prometheus (Debian's binary, the
 project's own config with targets pointed here) scraping all of them, and the
 Locust RLHF clients headless against all servers at once for a bounded time;
 then a side-by-side table. Ctrl-C or SIGTERM stops everything it started, by PID.
+
+The servers start through `rmscore.launch.start`, like the tests' and the benchmark's, on
+127.0.0.1 only, plaintext and without auth tokens (Locust and Prometheus here speak plain
+loopback); TLS and tokens are for a real deployment (docs/contract.md, docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -128,18 +132,25 @@ def start_servers(stack: Stack, kinds: list[str], model: str, ready_timeout_s: f
     started = []
     for kind in kinds:
         port, metrics_port, _ = LAYOUT[kind]
-        flags = {"model": model, "port": port, "intra_op_threads": 1, "inter_op_threads": 1}
+        flags = {"model": model, "intra_op_threads": 1, "inter_op_threads": 1}
         if launch.transport(kind) == "grpc":
             flags["metrics_port"] = metrics_port
-        started.append((kind, stack.spawn(kind, launch.command(kind, **flags))))
         print(f"[up] starting {kind} on 127.0.0.1:{port}", flush=True)
-    deadline = time.monotonic() + ready_timeout_s
-    for kind, proc in started:
         try:
-            launch.wait_ready(kind, LAYOUT[kind][0], proc.popen, deadline, proc.log)
+            server = launch.start(kind, port, wait_ready=False, ready_timeout_s=ready_timeout_s,
+                                  log_dir=stack.run_dir / kind, **flags)
         except RuntimeError as e:
-            raise StackError(f"{kind} failed to start (log {proc.log}):\n{e}") from None
-        print(f"[up] {kind}: SERVING", flush=True)
+            raise StackError(f"{kind} failed to start (log {stack.run_dir / kind}):\n{e}") from None
+        stack.procs.append(Proc(kind, server.proc, server.log_path))
+        started.append(server)
+    # All of them warm up at once: the slowest (torch.compile) sets the wait.
+    deadline = time.monotonic() + ready_timeout_s
+    for server in started:
+        try:
+            server.wait_until_ready(deadline)
+        except RuntimeError as e:
+            raise StackError(f"{server.kind} failed to start (log {server.log_path}):\n{e}") from None
+        print(f"[up] {server.kind}: SERVING", flush=True)
 
 
 def run_locust(stack: Stack, kinds: list[str], users_per_server: int, seconds: int) -> list[dict]:
@@ -250,7 +261,10 @@ def up(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    p = sub.add_parser("up", help="run the whole local stack: every server, Prometheus, Locust, a summary table")
+    p = sub.add_parser("up", help="run the whole local stack: every server, Prometheus, Locust, a summary table",
+                       description="Every server kind, Prometheus and Locust on 127.0.0.1, for a bounded run, then "
+                                   "a summary table. The servers run on loopback without TLS and without auth "
+                                   "tokens (--tls-cert-file/--auth-token-file are for a deployment, not this stack).")
     p.add_argument("--kinds", default=",".join(LAYOUT), help="server kinds to start (default: all)")
     p.add_argument("--model", default="models/default")
     p.add_argument("--duration-seconds", type=int, default=60, help="Locust run time (default: %(default)s)")
