@@ -76,8 +76,20 @@ def test_manifest_is_complete(default_repo):
 
 
 def test_default_head_is_calibrated_to_unit_spread(default_repo):
-    scores = np.array([g["score"] for g in default_repo.manifest["golden"][:13]])  # the text pairs
-    assert 0.3 < scores.std() < 3, scores  # an untrained head would give ~0.01
+    """The documented property (rmscore/default_model.py): over the calibration pairs the exported
+    graph's rewards have mean 0 and standard deviation 1, to float precision."""
+    from tokenizers import Tokenizer
+
+    from rmscore.default_model import calibration_pairs
+
+    pairs = calibration_pairs()
+    assert default_repo.manifest["head"]["calibration_pairs"] == len(pairs)
+    tok = Tokenizer.from_file(str(default_repo.tokenizer_path))
+    sess = session(default_repo.graph_path("fp32"))
+    scores = np.array([ort_batch(sess, [tok.encode(p, r).ids], 0)[0] for p, r in pairs])
+    assert abs(scores.mean()) <= 1e-4 and abs(scores.std(ddof=1) - 1) <= 1e-4, (scores.mean(), scores.std(ddof=1))
+    golden = np.array([g["score"] for g in default_repo.manifest["golden"][:13]])  # every 5th pair
+    assert 0.3 < golden.std() < 3, golden  # an untrained head would give ~0.01
 
 
 def test_int8_accuracy_is_reported(default_repo):
@@ -147,7 +159,7 @@ def test_decoder_manifest_and_parity(decoder_repo):
     m = repo.manifest
     assert m["family"] == "decoder" and m["pooling"] == "last" and m["max_sequence_length"] == 256
     module = RewardModule(load_hf_model(src), inspect_checkpoint(src)).eval()
-    for batch in (1, 5, 32):
+    for batch in (1, 5, 32, 64):  # 64: a full client chunk, lengths 1..256 mixed in one padded batch
         seqs = random_seqs(batch, 30522, 256, seed=batch)
         got = ort_batch(session(repo.graph_path("fp32")), seqs, repo.pad_token_id)
         assert np.abs(got - eager_alone(module, seqs)).max() <= 1e-5
