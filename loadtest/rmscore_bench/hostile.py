@@ -72,8 +72,8 @@ CALL_TIMEOUT_S = 30.0
 # HTTP status each contract code comes with (docs/contract.md); 413 is the size limit's.
 HTTP_STATUS = {"OK": 200, "INVALID_ARGUMENT": 422, "RESOURCE_EXHAUSTED": 413, "UNAVAILABLE": 503,
                "DEADLINE_EXCEEDED": 504, "INTERNAL": 500}
-MALFORMED_PROTO = r"^request: malformed ScoreRequest"
-MALFORMED_STREAM_ITEM = r"^request: malformed ScoreStreamRequest"
+MALFORMED_PROTO = r"^request: malformed ScoreRequest: the bytes do not parse as protobuf$"
+MALFORMED_STREAM_ITEM = r"^request: malformed ScoreStreamRequest: the bytes do not parse as protobuf$"
 TEXT_REFUSED = r"\.text: this server does not tokenize text; send token ids"
 
 

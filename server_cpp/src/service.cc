@@ -1,36 +1,33 @@
 #include "service.h"
 
 #include <grpc/grpc_security.h>
+#include <grpcpp/support/proto_buffer_reader.h>
+#include <grpcpp/support/proto_buffer_writer.h>
 
-#include <deque>
 #include <fstream>
 #include <iterator>
-#include <mutex>
-#include <unordered_map>
+
+#include "score_stream.h"
 
 namespace rmscore {
 namespace {
-
-double MsSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
-
-void FillTimings(const JobResult& r, v1::Timings* t) {
-  t->set_total_ms(r.total_ms);
-  t->set_inference_ms(r.inference_ms);
-  t->set_queue_ms(r.total_ms - r.inference_ms);
-}
 
 // One Score call. Lives until OnDone; finished exactly once, either at once
 // (refused) or from the batcher's completion.
 class ScoreCall final : public grpc::ServerUnaryReactor {
  public:
-  ScoreCall(RewardModelService* svc, grpc::CallbackServerContext* ctx, const v1::ScoreRequest* req,
-            v1::ScoreResponse* resp)
+  ScoreCall(RewardModelService* svc, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* bytes,
+            grpc::ByteBuffer* resp)
       : svc_(svc), resp_(resp) {
-    grpc::Status s = svc_->ReadyStatus();
+    // A copy shares the bytes (reference-counted slices); parsing empties it, not gRPC's.
+    grpc::ByteBuffer request_bytes(*bytes);
+    // Whether the bytes parse comes first, as in the Python servers: readiness cannot mend them.
+    grpc::Status s = ParseRequest(&request_bytes, &req_);
+    if (s.ok()) s = svc_->ReadyStatus();
     std::vector<SeqView> views;
-    if (s.ok()) s = ValidateScoreRequest(*req, svc_->limits(), &views);
+    if (s.ok()) s = ValidateScoreRequest(req_, svc_->limits(), &views);
     if (s.ok()) {
-      // The views point into *req, which gRPC keeps until OnDone, after Finish.
+      // The views point into req_, which lives until OnDone, after Finish.
       job_ = std::make_shared<Job>(std::move(views), SteadyDeadline(*ctx), nullptr,
                                    [this](JobResult&& r) { Scored(std::move(r)); });
       s = svc_->batcher()->Submit(job_);
@@ -46,9 +43,12 @@ class ScoreCall final : public grpc::ServerUnaryReactor {
  private:
   void Scored(JobResult&& r) {
     if (r.status.ok()) {
-      resp_->mutable_scores()->Add(r.scores.begin(), r.scores.end());
-      resp_->set_model_version(svc_->model_version());
-      FillTimings(r, resp_->mutable_timings());
+      v1::ScoreResponse resp;
+      resp.mutable_scores()->Add(r.scores.begin(), r.scores.end());
+      resp.set_model_version(svc_->model_version());
+      FillTimings(r, resp.mutable_timings());
+      const grpc::Status serialized = SerializeAnswer(resp, resp_);  // fails only past 2 GiB
+      if (!serialized.ok()) r.status = serialized;
     }
     Answer(r.status);
   }
@@ -58,156 +58,10 @@ class ScoreCall final : public grpc::ServerUnaryReactor {
   }
 
   RewardModelService* const svc_;
-  v1::ScoreResponse* const resp_;
+  grpc::ByteBuffer* const resp_;
   const Clock::time_point start_ = Clock::now();
+  v1::ScoreRequest req_;
   std::shared_ptr<Job> job_;
-};
-
-// One ScoreStream call. Reads one item at a time and submits it; answers are
-// written in completion order through a queue with one write in flight.
-// Finishes when the client has half-closed (or cancelled), every accepted
-// item is answered and the write queue is empty.
-class StreamCall final : public grpc::ServerBidiReactor<v1::ScoreStreamRequest, v1::ScoreStreamResponse> {
- public:
-  StreamCall(RewardModelService* svc, grpc::CallbackServerContext* ctx)
-      : svc_(svc), deadline_(SteadyDeadline(*ctx)) {
-    StartRead(&incoming_);
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) {  // half-close or cancellation: no more items
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        reads_done_ = true;
-      }
-      MaybeFinish();
-      return;
-    }
-    auto item = std::make_shared<v1::ScoreStreamRequest>();
-    item->Swap(&incoming_);
-    Handle(item);
-    StartRead(&incoming_);
-  }
-
-  void OnWriteDone(bool ok) override {
-    const v1::ScoreStreamResponse* next = nullptr;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      writes_.pop_front();
-      if (!ok) broken_ = true;  // the client is gone: drop the rest
-      if (broken_) writes_.clear();
-      if (!writes_.empty()) {
-        next = &writes_.front();
-      } else {
-        writing_ = false;
-      }
-    }
-    if (next) {
-      StartWrite(next);
-    } else {
-      MaybeFinish();
-    }
-  }
-
-  void OnCancel() override {
-    std::vector<std::shared_ptr<Job>> jobs;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      cancelled_ = true;
-      for (auto& [_, job] : outstanding_) jobs.push_back(job);
-    }
-    for (auto& job : jobs) svc_->batcher()->Cancel(job);
-  }
-
-  void OnDone() override { delete this; }
-
- private:
-  void Handle(const std::shared_ptr<v1::ScoreStreamRequest>& item) {
-    const Clock::time_point start = Clock::now();
-    grpc::Status s = svc_->ReadyStatus();
-    SeqView view;
-    if (s.ok()) s = ValidateStreamItem(*item, svc_->limits(), &view);
-    if (s.ok()) {
-      auto job = std::make_shared<Job>(
-          std::vector<SeqView>{view}, deadline_, item,
-          [this, item, start](JobResult&& r) { Scored(*item, start, std::move(r)); });
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        outstanding_.emplace(item.get(), job);
-      }
-      s = svc_->batcher()->Submit(job);
-      if (s.ok()) return;
-      std::lock_guard<std::mutex> lk(mu_);
-      outstanding_.erase(item.get());
-    }
-    v1::ScoreStreamResponse resp;
-    resp.set_id(item->id());
-    resp.mutable_error()->set_code(int(s.error_code()));
-    resp.mutable_error()->set_message(s.error_message());
-    resp.set_model_version(svc_->model_version());
-    Respond(std::move(resp), s.error_code(), start);
-  }
-
-  // Runs on a batcher thread.
-  void Scored(const v1::ScoreStreamRequest& item, Clock::time_point start, JobResult&& r) {
-    v1::ScoreStreamResponse resp;
-    resp.set_id(item.id());
-    if (r.status.ok()) {
-      resp.set_score(r.scores.at(0));
-    } else {
-      resp.mutable_error()->set_code(int(r.status.error_code()));
-      resp.mutable_error()->set_message(r.status.error_message());
-    }
-    resp.set_model_version(svc_->model_version());
-    FillTimings(r, resp.mutable_timings());
-    Respond(std::move(resp), r.status.error_code(), start, &item);
-  }
-
-  // Queues an answer (writing it at once when no write is in flight); when
-  // `done_item` is set, that item stops being outstanding in the same step,
-  // so the call cannot finish between the two.
-  void Respond(v1::ScoreStreamResponse&& resp, grpc::StatusCode code, Clock::time_point start,
-               const v1::ScoreStreamRequest* done_item = nullptr) {
-    svc_->metrics()->RequestAnswered(code, MsSince(start) / 1e3);
-    const v1::ScoreStreamResponse* next = nullptr;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (done_item) outstanding_.erase(done_item);
-      if (!broken_ && !cancelled_) {
-        writes_.push_back(std::move(resp));
-        if (!writing_) {
-          writing_ = true;
-          next = &writes_.front();
-        }
-      }
-    }
-    if (next) {
-      StartWrite(next);
-    } else {
-      MaybeFinish();
-    }
-  }
-
-  void MaybeFinish() {
-    grpc::Status status;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (finished_ || !reads_done_ || !outstanding_.empty() || writing_) return;
-      finished_ = true;
-      if (cancelled_) status = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
-    }
-    Finish(status);  // last touch of `this`
-  }
-
-  RewardModelService* const svc_;
-  const std::optional<Clock::time_point> deadline_;
-  v1::ScoreStreamRequest incoming_;
-
-  std::mutex mu_;
-  std::deque<v1::ScoreStreamResponse> writes_;  // front is in flight while writing_
-  // Accepted items not yet answered, by their request message.
-  std::unordered_map<const v1::ScoreStreamRequest*, std::shared_ptr<Job>> outstanding_;
-  bool writing_ = false, reads_done_ = false, cancelled_ = false, broken_ = false, finished_ = false;
 };
 
 // The token check runs in gRPC core's server auth filter, before any service
@@ -266,6 +120,26 @@ std::string ReadPem(const std::string& path) {
 }
 
 }  // namespace
+
+grpc::Status ParseRequest(grpc::ByteBuffer* bytes, google::protobuf::Message* msg) {
+  // The same parser grpcpp's typed methods use; only the refusal differs.
+  if (grpc::GenericDeserialize<grpc::ProtoBufferReader, google::protobuf::Message>(bytes, msg).ok()) {
+    return grpc::Status::OK;
+  }
+  return {grpc::StatusCode::INVALID_ARGUMENT,
+          "request: malformed " + msg->GetDescriptor()->name() + ": the bytes do not parse as protobuf"};
+}
+
+grpc::Status SerializeAnswer(const google::protobuf::Message& msg, grpc::ByteBuffer* out) {
+  bool own_buffer = false;
+  return grpc::GenericSerialize<grpc::ProtoBufferWriter, google::protobuf::Message>(msg, out, &own_buffer);
+}
+
+void FillTimings(const JobResult& r, v1::Timings* t) {
+  t->set_total_ms(r.total_ms);
+  t->set_inference_ms(r.inference_ms);
+  t->set_queue_ms(r.total_ms - r.inference_ms);
+}
 
 bool BearerMatches(std::string_view header_value, std::string_view token) {
   constexpr std::string_view kScheme = "Bearer ";
@@ -333,14 +207,14 @@ grpc::Status RewardModelService::ReadyStatus() const {
   }
 }
 
-grpc::ServerUnaryReactor* RewardModelService::Score(grpc::CallbackServerContext* ctx, const v1::ScoreRequest* req,
-                                                    v1::ScoreResponse* resp) {
+grpc::ServerUnaryReactor* RewardModelService::Score(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                                    grpc::ByteBuffer* resp) {
   return new ScoreCall(this, ctx, req, resp);
 }
 
-grpc::ServerBidiReactor<v1::ScoreStreamRequest, v1::ScoreStreamResponse>* RewardModelService::ScoreStream(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* RewardModelService::ScoreStream(
     grpc::CallbackServerContext* ctx) {
-  return new StreamCall(this, ctx);
+  return NewScoreStreamCall(this, ctx);
 }
 
 grpc::ServerUnaryReactor* RewardModelService::GetModelInfo(grpc::CallbackServerContext* ctx,

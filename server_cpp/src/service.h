@@ -1,6 +1,12 @@
 // The rmscore.v1.RewardModel service on gRPC's callback API. No reaction
 // ever blocks: Score calls and stream items are handed to the Batcher and
 // finished from its completion callbacks.
+//
+// Score and ScoreStream are raw methods (grpc::ByteBuffer in and out) that
+// parse requests themselves: grpcpp's generated deserialization would answer
+// bytes that do not parse with UNIMPLEMENTED and no message, and end a stream
+// at such an item as if the client had half-closed, where the contract says
+// INVALID_ARGUMENT "request: malformed <Type>: ...".
 #pragma once
 
 #include <atomic>
@@ -9,6 +15,7 @@
 #include <string_view>
 
 #include <grpcpp/security/server_credentials.h>
+#include <grpcpp/support/byte_buffer.h>
 
 #include "batcher.h"
 #include "config.h"
@@ -19,7 +26,12 @@
 
 namespace rmscore {
 
-class RewardModelService final : public v1::RewardModel::CallbackService {
+// Only GetModelInfo keeps grpcpp's typed callback method.
+using RewardModelBase = v1::RewardModel::WithRawCallbackMethod_Score<
+    v1::RewardModel::WithRawCallbackMethod_ScoreStream<v1::RewardModel::WithCallbackMethod_GetModelInfo<
+        v1::RewardModel::Service>>>;
+
+class RewardModelService final : public RewardModelBase {
  public:
   RewardModelService(const Config& cfg, const Manifest& manifest, std::string tokenizer_json, Metrics* metrics);
 
@@ -28,10 +40,9 @@ class RewardModelService final : public v1::RewardModel::CallbackService {
   // From now on scoring calls are refused with UNAVAILABLE "not ready: draining".
   void StartDraining();
 
-  grpc::ServerUnaryReactor* Score(grpc::CallbackServerContext* ctx, const v1::ScoreRequest* req,
-                                  v1::ScoreResponse* resp) override;
-  grpc::ServerBidiReactor<v1::ScoreStreamRequest, v1::ScoreStreamResponse>* ScoreStream(
-      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* Score(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                  grpc::ByteBuffer* resp) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ScoreStream(grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx, const v1::GetModelInfoRequest* req,
                                          v1::ModelInfo* resp) override;
 
@@ -52,6 +63,20 @@ class RewardModelService final : public v1::RewardModel::CallbackService {
   std::atomic<int> state_{kWarmingUp};
   std::atomic<Batcher*> batcher_{nullptr};
 };
+
+// Parses a raw request into *msg; INVALID_ARGUMENT "request: malformed
+// <Type>: the bytes do not parse as protobuf" when it does not parse. Empties
+// *bytes either way.
+grpc::Status ParseRequest(grpc::ByteBuffer* bytes, google::protobuf::Message* msg);
+// Serializes an answer for a raw method (sharing no memory with msg); fails
+// only for a message past protobuf's 2 GiB.
+grpc::Status SerializeAnswer(const google::protobuf::Message& msg, grpc::ByteBuffer* out);
+
+// The rest of JobResult's timings: queue time is what inference did not take.
+void FillTimings(const JobResult& r, v1::Timings* t);
+inline double MsSince(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
 
 // The refusal of a call without the right token (docs/contract.md), the same in every server.
 inline constexpr const char* kUnauthenticatedMessage = "missing or invalid bearer token";

@@ -1,0 +1,196 @@
+#include "score_stream.h"
+
+#include <deque>
+#include <mutex>
+#include <unordered_map>
+
+#include "service.h"
+
+namespace rmscore {
+namespace {
+
+// One ScoreStream call. Reads one item at a time and submits it; answers are
+// written in completion order through a queue with one write in flight.
+// Finishes when the client has half-closed (or cancelled), every accepted
+// item is answered and the write queue is empty. An item that does not parse
+// has no id to answer it by, so it ends the call: reading stops, accepted
+// items are cancelled and their answers dropped, and the call finishes with
+// INVALID_ARGUMENT once the answers already queued are written.
+class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  StreamCall(RewardModelService* svc, grpc::CallbackServerContext* ctx)
+      : svc_(svc), deadline_(SteadyDeadline(*ctx)) {
+    StartRead(&incoming_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // half-close or cancellation: no more items
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        reads_done_ = true;
+      }
+      MaybeFinish();
+      return;
+    }
+    const Clock::time_point start = Clock::now();
+    auto item = std::make_shared<v1::ScoreStreamRequest>();
+    const grpc::Status parsed = ParseRequest(&incoming_, item.get());
+    if (!parsed.ok()) {
+      EndMalformed(parsed, start);
+      return;
+    }
+    Handle(item, start);
+    StartRead(&incoming_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    const grpc::ByteBuffer* next = nullptr;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      writes_.pop_front();
+      if (!ok) broken_ = true;  // the client is gone: drop the rest
+      if (broken_) writes_.clear();
+      if (!writes_.empty()) {
+        next = &writes_.front();
+      } else {
+        writing_ = false;
+      }
+    }
+    if (next) {
+      StartWrite(next);
+    } else {
+      MaybeFinish();
+    }
+  }
+
+  void OnCancel() override {
+    std::vector<std::shared_ptr<Job>> jobs;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      cancelled_ = true;
+      for (auto& [_, job] : outstanding_) jobs.push_back(job);
+    }
+    for (auto& job : jobs) svc_->batcher()->Cancel(job);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void Handle(const std::shared_ptr<v1::ScoreStreamRequest>& item, Clock::time_point start) {
+    grpc::Status s = svc_->ReadyStatus();
+    SeqView view;
+    if (s.ok()) s = ValidateStreamItem(*item, svc_->limits(), &view);
+    if (s.ok()) {
+      auto job = std::make_shared<Job>(
+          std::vector<SeqView>{view}, deadline_, item,
+          [this, item, start](JobResult&& r) { Scored(*item, start, std::move(r)); });
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        outstanding_.emplace(item.get(), job);
+      }
+      s = svc_->batcher()->Submit(job);
+      if (s.ok()) return;
+      std::lock_guard<std::mutex> lk(mu_);
+      outstanding_.erase(item.get());
+    }
+    v1::ScoreStreamResponse resp;
+    resp.set_id(item->id());
+    resp.mutable_error()->set_code(int(s.error_code()));
+    resp.mutable_error()->set_message(s.error_message());
+    resp.set_model_version(svc_->model_version());
+    Respond(resp, s.error_code(), start);
+  }
+
+  // The item just read does not parse: no more reads, and the call's status is `why`.
+  void EndMalformed(const grpc::Status& why, Clock::time_point start) {
+    svc_->metrics()->RequestAnswered(why.error_code(), MsSince(start) / 1e3);
+    std::vector<std::shared_ptr<Job>> jobs;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      reads_done_ = true;
+      end_status_ = why;
+      for (auto& [_, job] : outstanding_) jobs.push_back(job);
+    }
+    for (auto& job : jobs) svc_->batcher()->Cancel(job);
+    MaybeFinish();
+  }
+
+  // Runs on a batcher thread.
+  void Scored(const v1::ScoreStreamRequest& item, Clock::time_point start, JobResult&& r) {
+    v1::ScoreStreamResponse resp;
+    resp.set_id(item.id());
+    if (r.status.ok()) {
+      resp.set_score(r.scores.at(0));
+    } else {
+      resp.mutable_error()->set_code(int(r.status.error_code()));
+      resp.mutable_error()->set_message(r.status.error_message());
+    }
+    resp.set_model_version(svc_->model_version());
+    FillTimings(r, resp.mutable_timings());
+    Respond(resp, r.status.error_code(), start, &item);
+  }
+
+  // Queues an answer (writing it at once when no write is in flight); when
+  // `done_item` is set, that item stops being outstanding in the same step,
+  // so the call cannot finish between the two.
+  void Respond(const v1::ScoreStreamResponse& resp, grpc::StatusCode code, Clock::time_point start,
+               const v1::ScoreStreamRequest* done_item = nullptr) {
+    svc_->metrics()->RequestAnswered(code, MsSince(start) / 1e3);
+    grpc::ByteBuffer bytes;
+    const grpc::Status serialized = SerializeAnswer(resp, &bytes);  // outside the lock: it copies the answer
+    const grpc::ByteBuffer* next = nullptr;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (done_item) outstanding_.erase(done_item);
+      if (!serialized.ok() && end_status_.ok()) end_status_ = serialized;  // an answer it cannot send ends the call
+      if (!broken_ && !cancelled_ && end_status_.ok()) {
+        writes_.emplace_back();
+        writes_.back().Swap(&bytes);
+        if (!writing_) {
+          writing_ = true;
+          next = &writes_.front();
+        }
+      }
+    }
+    if (next) {
+      StartWrite(next);
+    } else {
+      MaybeFinish();
+    }
+  }
+
+  void MaybeFinish() {
+    grpc::Status status;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (finished_ || !reads_done_ || !outstanding_.empty() || writing_) return;
+      finished_ = true;
+      if (!end_status_.ok()) {
+        status = end_status_;
+      } else if (cancelled_) {
+        status = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+      }
+    }
+    Finish(status);  // last touch of `this`
+  }
+
+  RewardModelService* const svc_;
+  const std::optional<Clock::time_point> deadline_;
+  grpc::ByteBuffer incoming_;
+
+  std::mutex mu_;
+  std::deque<grpc::ByteBuffer> writes_;  // front is in flight while writing_
+  // Accepted items not yet answered, by their request message.
+  std::unordered_map<const v1::ScoreStreamRequest*, std::shared_ptr<Job>> outstanding_;
+  grpc::Status end_status_;  // not OK once an item did not parse (or an answer did not serialize)
+  bool writing_ = false, reads_done_ = false, cancelled_ = false, broken_ = false, finished_ = false;
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewScoreStreamCall(RewardModelService* svc,
+                                                                                 grpc::CallbackServerContext* ctx) {
+  return new StreamCall(svc, ctx);
+}
+
+}  // namespace rmscore
