@@ -165,6 +165,10 @@ class Batcher:
         for t in self._threads:
             t.join(timeout=max(0.0, end - time.monotonic()))
 
+    def running(self) -> bool:
+        """A batcher thread is still alive (after stop: a batch is still in the model)."""
+        return any(t.is_alive() for t in self._threads)
+
     # ---- batcher thread --------------------------------------------------------------------
     def _batcher_loop(self) -> None:
         while True:

@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import pathlib
+import sys
 import threading
 import time
 
@@ -129,12 +130,33 @@ class ScoringCore:
             if self.batcher:
                 self.batcher.begin_drain()
 
-    def wait_drained(self) -> bool:
-        return self.batcher.wait_idle(self.cfg.drain_grace_seconds) if self.batcher else True
+    def drain_deadline(self, t_signal: float) -> float:
+        """Until when (time.monotonic) accepted work may run after the signal at `t_signal`: the grace
+        less a reserve for failing what is left and closing the transport, so the process exits
+        within --drain-grace-seconds, as the C++ server does."""
+        grace = self.cfg.drain_grace_seconds
+        return t_signal + grace - self.shutdown_reserve_s()
 
-    def stop(self) -> None:
+    def shutdown_reserve_s(self) -> float:
+        return min(2.0, self.cfg.drain_grace_seconds / 2)
+
+    def wait_drained(self, until: float) -> bool:
+        return self.batcher.wait_idle(max(0.0, until - time.monotonic())) if self.batcher else True
+
+    def stop(self, join_timeout_s: float = 30.0) -> None:
+        """Fail what is still queued (UNAVAILABLE), so every call ends, and stop the batcher."""
         if self.batcher:
-            self.batcher.stop()
+            self.batcher.stop(join_timeout_s)
+
+    def exit(self, code: int) -> int:
+        """Return `code`, or leave at once when a batch is still in the model: a torch batch cannot
+        be interrupted and must not hold the exit past the grace, and ONNX Runtime aborts the
+        process ("terminate called") when the interpreter tears down under its running thread."""
+        if self.batcher and self.batcher.running():
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return code
 
 
 def _resolve(fut: asyncio.Future, outcome) -> None:

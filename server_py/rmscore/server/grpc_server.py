@@ -234,8 +234,11 @@ async def serve(cfg: ServeConfig) -> int:
         await set_health("draining")
         core.begin_drain()
 
+    t_signal: list[float] = []
+
     def on_signal() -> None:
         if not stop.is_set():
+            t_signal.append(time.monotonic())
             loop.create_task(not_serving_then_refuse())
         stop.set()
 
@@ -250,12 +253,17 @@ async def serve(cfg: ServeConfig) -> int:
     # Drain: NOT_SERVING, new work refused (on_signal), finish what was accepted, then go.
     await set_health("draining")
     core.begin_drain()  # already done by on_signal's task, unless the warm-up failed first
-    drained = await asyncio.to_thread(core.wait_drained)
-    await server.stop(grace=1.0)
-    core.stop()
+    until = core.drain_deadline(t_signal[0])
+    drained = await asyncio.to_thread(core.wait_drained, until)
+    # Queued work fails UNAVAILABLE while the transport can still carry the answers; a batch in
+    # the model gets what is left of the reserve, then gRPC closes the calls still open.
+    reserve_end = until + core.shutdown_reserve_s()
+    await asyncio.to_thread(core.stop, max(0.0, (reserve_end - time.monotonic()) / 2))
+    await server.stop(grace=max(0.1, reserve_end - time.monotonic() - 0.2))
     metrics_server.shutdown()
-    print(f"rmscore: stopped ({'drained' if drained else 'grace period ran out'})", flush=True)
-    return 0
+    print(f"rmscore: stopped ({'drained' if drained else 'grace period ran out'}) "
+          f"{time.monotonic() - t_signal[0]:.2f} s after the signal", flush=True)
+    return core.exit(0)
 
 
 def run(cfg: ServeConfig) -> int:

@@ -273,9 +273,15 @@ class _DrainingServer(uvicorn.Server):
             return super().handle_exit(sig, frame)
         self._draining = True
         self.core.begin_drain()
+        until = self.core.drain_deadline(time.monotonic())
 
         def finish() -> None:
-            drained = self.core.wait_drained()
+            drained = self.core.wait_drained(until)
+            # As on gRPC: queued work fails 503 while connections can still carry the answers, and
+            # uvicorn gets only what is left of the reserve, so the exit comes within the grace.
+            reserve_end = until + self.core.shutdown_reserve_s()
+            self.core.stop(max(0.0, (reserve_end - time.monotonic()) / 2))
+            self.config.timeout_graceful_shutdown = max(0.1, reserve_end - time.monotonic() - 0.2)
             print(f"rmscore: stopped ({'drained' if drained else 'grace period ran out'})", flush=True)
             self.should_exit = True
 
@@ -308,5 +314,5 @@ def run(cfg: ServeConfig) -> int:
 
     core.start_loading(on_state)
     server.run(sockets=[sock])
-    core.stop()
-    return 1 if failed else 0
+    core.stop(join_timeout_s=0.0)  # a batch still in the model must not hold the exit past the grace
+    return core.exit(1 if failed else 0)
