@@ -23,7 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(extra)
         except ModuleNotFoundError as e:
-            if e.name != extra:  # a missing dependency is an error, not an absent component
+            # A missing dependency is an error; an absent component (or its parent package) is not.
+            if e.name != extra and not extra.startswith(f"{e.name}."):
                 raise
             continue
         module.add_parsers(sub)
