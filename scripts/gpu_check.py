@@ -2,52 +2,97 @@
 """The GPU check (docs/gpu.md): parity of each CUDA runtime against fp32 eager, then throughput.
 
 Runs in a few minutes on a machine with a CUDA GPU, PyTorch and an ONNX Runtime:
-1. parity on the manifest's golden inputs: PyTorch eager on CUDA in fp32, bf16 and
-   fp16 autocast, torch.compile on CUDA, and ONNX Runtime's CUDA execution provider
+1. parity on the manifest's golden inputs (each alone and as one padded batch): PyTorch
+   eager in fp32, bf16 and fp16 autocast, torch.compile, and ONNX Runtime's CUDA provider
    when onnxruntime-gpu is installed, each against the golden eager-fp32 CPU scores;
 2. in-process throughput at batch sizes 1..256 (length 128), as ratios to eager fp32;
-3. the Python gRPC server at saturation on CUDA for each backend whose dependencies
-   are present (closed loop, 16 concurrent requests of 32 sequences, fixed time).
+3. every server kind at saturation whose dependencies are present (closed loop,
+   16 concurrent requests of 32 sequences x 128 tokens, fixed time), on ephemeral ports.
+A part whose dependencies are missing is a row saying "unavailable: <why>", never a crash.
 Prints one markdown table per part and writes them to --out.
 
     python scripts/gpu_check.py --model models/default --out gpu_report.md
+    python scripts/gpu_check.py --device cpu --quick   # dry run of the whole pipeline, no GPU
+
+Only the standard library is imported up front, so a bare machine (python, torch,
+onnxruntime, numpy: scripts/gpu_run.sh adds the carried rest) reaches the clear errors.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import importlib.util
+import json
+import os
 import pathlib
+import platform
+import subprocess
 import sys
+import tempfile
 import time
-
-import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "server_py"))
 
-from rmscore import backends, launch  # noqa: E402
-from rmscore.config import ServeConfig  # noqa: E402
-from rmscore.model_repo import load_repo  # noqa: E402
-from rmscore.modeling import pad_batch  # noqa: E402
+ALL_RUNTIMES = "eager:fp32,eager:bf16,eager:fp16,compile:fp32,onnxruntime:fp32"
+QUICK_RUNTIMES = "eager:fp32,eager:fp16,onnxruntime:fp32"
+ALL_SERVERS = "cpp-grpc,py-grpc-onnxruntime,py-grpc-eager,py-grpc-compile,py-http-onnxruntime"
+QUICK_SERVERS = "cpp-grpc,py-grpc-onnxruntime,py-http-onnxruntime"
+# What a Python server kind imports beyond torch/numpy/onnxruntime (rmscore.launch needs the first two).
+SERVER_MODULES = ["grpc", "httpx", "grpc_health", "grpc_reflection", "google.protobuf", "prometheus_client",
+                  "tokenizers", "yaml"]
+HTTP_MODULES = ["fastapi", "uvicorn", "pydantic", "starlette"]
+TORCH_MODULES = ["transformers", "safetensors"]
 
-RUNTIMES = [("eager", "fp32"), ("eager", "bf16"), ("eager", "fp16"), ("compile", "fp32"), ("onnxruntime", "fp32")]
+
+def missing(modules: list[str]) -> list[str]:
+    out = []
+    for m in modules:
+        try:
+            if importlib.util.find_spec(m) is None:
+                out.append(m)
+        except ModuleNotFoundError:  # a parent package (google) is absent
+            out.append(m)
+    return out
 
 
-def make(repo, model: pathlib.Path, backend: str, precision: str):
-    cfg = ServeConfig(model=model, backend=backend, precision=precision, device="cuda", intra_op_threads=4)
+def no_cuda_reason() -> str | None:
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return (f"--device cuda: PyTorch sees no CUDA device (torch {torch.__version__}, cuda build: "
+            f"{torch.version.cuda}); run this on a GPU machine, or pass --device cpu for a dry run")
+
+
+def make(repo, model: pathlib.Path, backend: str, precision: str, device: str, max_batch: int):
+    from rmscore import backends
+    from rmscore.config import ServeConfig
+
+    cfg = ServeConfig(model=model, backend=backend, precision=precision, device=device,
+                      intra_op_threads=os.cpu_count() or 1)
     be = backends.create(cfg, repo)
-    be.warmup(256, repo.max_sequence_length)
+    be.warmup(max_batch, repo.max_sequence_length)
     return be
 
 
 def parity(repo, be) -> float:
+    """Max abs diff against the golden scores, each sequence alone and all as one padded batch."""
+    import numpy as np
+
+    from rmscore.modeling import pad_batch
+
     seqs, golden = repo.golden()
-    got = np.array([be.score(*pad_batch([s], repo.pad_token_id))[0] for s in seqs])
-    return float(np.abs(got - np.array(golden)).max())
+    ref = np.asarray(golden, dtype=np.float64)
+    alone = np.array([be.score(*pad_batch([s], repo.pad_token_id))[0] for s in seqs], dtype=np.float64)
+    batched = np.asarray(be.score(*pad_batch(seqs, repo.pad_token_id)), dtype=np.float64)
+    return float(max(np.abs(alone - ref).max(), np.abs(batched - ref).max()))
 
 
-def throughput(be, batch: int, length: int = 128, seconds: float = 3.0) -> float:
+def throughput(be, batch: int, seconds: float, length: int = 128) -> float:
+    import numpy as np
+
     rng = np.random.default_rng(0)
     ids = rng.integers(1000, 20000, size=(batch, length), dtype=np.int64)
     mask = np.ones_like(ids)
@@ -59,81 +104,206 @@ def throughput(be, batch: int, length: int = 128, seconds: float = 3.0) -> float
     return n / (time.perf_counter() - t0)
 
 
-def serve_saturation(kind: str, backend: str, model: pathlib.Path, seconds: float = 15.0) -> float:
-    import grpc
+def tolerance(backend: str, precision: str) -> float:
+    from rmscore.backends import AUTOCAST_TOLERANCE, TOLERANCE
 
-    from rmscore.v1 import reward_pb2 as pb, reward_pb2_grpc as pbg
+    return AUTOCAST_TOLERANCE.get(precision, TOLERANCE[backend])
 
-    port = 50900
-    proc = __import__("subprocess").Popen(launch.command(kind, model=model, device="cuda", port=port,
-                                                         metrics_port=0, max_batch_size=256,
-                                                         max_batch_tokens=65536), cwd=ROOT)
+
+def runtime_rows(a, repo, model: pathlib.Path, batches: list[int]) -> tuple[list[str], bool]:
+    lines = ["| runtime | precision | max abs diff vs eager fp32 (CPU golden) | " +
+             " | ".join(f"B={b} seq/s" for b in batches) + " |", "|---|---|---|" + "---|" * len(batches)]
+    base, ok = None, True
+    for spec in a.runtimes.split(","):
+        backend, precision = spec.split(":")
+        gone = missing(TORCH_MODULES) if backend in ("eager", "compile") else []
+        try:
+            if gone:
+                raise RuntimeError(f"missing Python packages: {', '.join(gone)}")
+            be = make(repo, model, backend, precision, a.device, max(batches))
+        except Exception as e:  # noqa: BLE001 - a runtime missing here is reported, not fatal
+            lines.append(f"| {backend} | {precision} | unavailable: {one_line(e)} |")
+            print(lines[-1], flush=True)
+            continue
+        diff, tol = parity(repo, be), tolerance(backend, precision)
+        ok &= diff <= tol
+        tput = [throughput(be, b, a.seconds) for b in batches]
+        base = base or tput
+        cells = " | ".join(f"{t:.4g} ({t / b0:.2f}x)" for t, b0 in zip(tput, base))
+        verdict = "" if diff <= tol else f" OVER tolerance {tol:.0e}"
+        lines.append(f"| {backend} | {precision} | {diff:.2e}{verdict} | {cells} |")
+        print(lines[-1], flush=True)
+        del be
+        if a.device == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+    return lines, ok
+
+
+def one_line(e: BaseException | str) -> str:
+    text = str(e).strip().splitlines()
+    return (text[-1] if text else type(e).__name__).replace("|", "/")[:160]
+
+
+def server_unavailable(kind: str, device: str) -> str | None:
+    if kind == "cpp-grpc":
+        from rmscore import launch
+
+        if not launch.CPP_BINARY.exists():
+            return f"{launch.CPP_BINARY.relative_to(ROOT)} not built here (a CUDA build is not carried)"
+        gone = missing(["grpc"])
+    else:
+        gone = missing(SERVER_MODULES + (HTTP_MODULES if kind.startswith("py-http") else [])
+                       + (TORCH_MODULES if not kind.endswith("onnxruntime") else []))
+    return f"missing Python packages: {', '.join(gone)}" if gone else None
+
+
+def saturate(kind: str, model: pathlib.Path, device: str, seconds: float, clients: int) -> float:
+    import numpy as np
+
+    from rmscore import launch
+
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"gpu-check-{kind}-"))
+    port_file, log_path = tmp / "ports.json", tmp / "server.log"
+    cmd = launch.command(kind, model=model, device=device, port=0, metrics_port=0, port_file=port_file,
+                         max_batch_size=256, max_batch_tokens=65536, intra_op_threads=os.cpu_count() or 1)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "server_py")] + sys.path[1:])}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     try:
-        launch.wait_ready(kind, port, proc, time.monotonic() + 600)
+        deadline = time.monotonic() + 900
+        while not port_file.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"did not bind: {one_line(log_path.read_text(errors='replace'))}")
+            time.sleep(0.05)
+        port = json.loads(port_file.read_text())["port"]
+        try:
+            launch.wait_ready(kind, port, proc, deadline, log_path)
+        except RuntimeError:
+            raise RuntimeError(one_line(log_path.read_text(errors="replace"))) from None
         rng = np.random.default_rng(1)
-        req = pb.ScoreRequest(sequences=[pb.Sequence(tokens=pb.TokenIds(ids=rng.integers(1000, 20000, 128).tolist()))
-                                         for _ in range(32)])
-        stub = pbg.RewardModelStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+        seqs = [rng.integers(1000, 20000, 128).tolist() for _ in range(32)]
+        call = _caller(kind, port, seqs)
+        call()
         end = time.monotonic() + seconds
 
         def loop(_):
             n = 0
             while time.monotonic() < end:
-                n += len(stub.Score(req, timeout=60).scores)
+                n += call()
             return n
 
         t0 = time.monotonic()
-        with cf.ThreadPoolExecutor(16) as pool:
-            total = sum(pool.map(loop, range(16)))
+        with cf.ThreadPoolExecutor(clients) as pool:
+            total = sum(pool.map(loop, range(clients)))
         return total / (time.monotonic() - t0)
     finally:
         proc.terminate()
-        proc.wait(60)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _caller(kind: str, port: int, seqs: list[list[int]]):
+    from rmscore import launch
+
+    if launch.transport(kind) == "http":
+        import httpx
+
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
+        body = {"sequences": [{"tokens": s} for s in seqs]}
+        return lambda: len(client.post("/v1/score", json=body).raise_for_status().json()["scores"])
+    import grpc
+
+    from rmscore.v1 import reward_pb2 as pb, reward_pb2_grpc as pbg
+
+    stub = pbg.RewardModelStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+    req = pb.ScoreRequest(sequences=[pb.Sequence(tokens=pb.TokenIds(ids=s)) for s in seqs])
+    return lambda: len(stub.Score(req, timeout=120).scores)
+
+
+def server_rows(a, model: pathlib.Path) -> list[str]:
+    head = ["", f"| server | seq/s at saturation ({a.clients} x 32 x 128 tokens) | ratio to py-grpc-eager |",
+            "|---|---|---|"]
+    kinds = a.servers.split(",")
+    try:
+        from rmscore import launch  # noqa: F401 - needs grpc and httpx
+    except ImportError as e:
+        return head + [f"| {k} | unavailable: {one_line(e)} | |" for k in kinds]
+    result: dict[str, float | str] = {}
+    for kind in kinds:
+        why = server_unavailable(kind, a.device)
+        if why is None:
+            try:
+                result[kind] = saturate(kind, model, a.device, a.server_seconds, a.clients)
+            except Exception as e:  # noqa: BLE001 - one kind failing must not hide the others
+                why = one_line(e)
+        result.setdefault(kind, f"unavailable: {why}")
+        v = result[kind]
+        print(f"| {kind} | {v if isinstance(v, str) else f'{v:.4g} seq/s'} |", flush=True)
+    base = result.get("py-grpc-eager")
+    return head + [f"| {k} | {v:.4g} | {v / base:.2f}x |" if isinstance(v, float) and isinstance(base, float)
+                   else f"| {k} | {v if isinstance(v, str) else f'{v:.4g}'} | |" for k, v in result.items()]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(ROOT / "models/default"))
     ap.add_argument("--out", default="gpu_report.md")
-    ap.add_argument("--batches", default="1,4,16,64,256")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu: a dry run of the whole pipeline on a machine without a GPU")
+    ap.add_argument("--quick", action="store_true", help="small batches, short timings, fewer runtimes and servers")
+    ap.add_argument("--batches", help="default 1,4,16,64,256 (quick: 1,4)")
+    ap.add_argument("--runtimes", help=f"backend:precision list (default {ALL_RUNTIMES}; quick: {QUICK_RUNTIMES})")
+    ap.add_argument("--servers", help=f"server kinds, '' for none (default {ALL_SERVERS}; quick: {QUICK_SERVERS})")
+    ap.add_argument("--seconds", type=float, help="per throughput point (default 3; quick 0.5)")
+    ap.add_argument("--server-seconds", type=float, help="per server (default 15; quick 3)")
+    ap.add_argument("--clients", type=int, help="concurrent requests per server (default 16; quick 4)")
     a = ap.parse_args()
+    q = a.quick
+    a.batches = a.batches or ("1,4" if q else "1,4,16,64,256")
+    a.runtimes = a.runtimes or (QUICK_RUNTIMES if q else ALL_RUNTIMES)
+    a.servers = a.servers if a.servers is not None else (QUICK_SERVERS if q else ALL_SERVERS)
+    a.seconds = a.seconds or (0.5 if q else 3.0)
+    a.server_seconds = a.server_seconds or (3.0 if q else 15.0)
+    a.clients = a.clients or (4 if q else 16)
+    for need in ("numpy", "torch"):
+        if missing([need]):
+            print(f"gpu_check: {need} is not importable by {sys.executable}; it must be the machine's own",
+                  file=sys.stderr)
+            return 2
     import torch
 
-    if not torch.cuda.is_available():
-        print("gpu_check: no CUDA device visible to PyTorch; nothing to check")
+    if a.device == "cuda" and (why := no_cuda_reason()):
+        print(f"gpu_check: {why}", file=sys.stderr)
         return 2
-    model = pathlib.Path(a.model)
+    from rmscore.model_repo import load_repo
+
+    model = pathlib.Path(a.model).resolve()
     repo = load_repo(model)
-    lines = [f"# GPU check: {torch.cuda.get_device_name(0)}, {time.strftime('%Y-%m-%d')}, torch {torch.__version__}",
-             "", "| runtime | precision | max abs diff vs eager fp32 (CPU golden) | " +
-             " | ".join(f"B={b} seq/s" for b in a.batches.split(",")) + " |",
-             "|---|---|---|" + "---|" * len(a.batches.split(","))]
-    base = None
-    for backend, precision in RUNTIMES:
-        try:
-            be = make(repo, model, backend, precision)
-        except Exception as e:  # noqa: BLE001 - a runtime missing here is reported, not fatal
-            lines.append(f"| {backend} | {precision} | unavailable: {str(e)[:80]} |")
-            print(lines[-1], flush=True)
-            continue
-        diff = parity(repo, be)
-        tput = [throughput(be, int(b)) for b in a.batches.split(",")]
-        base = base or tput
-        cells = " | ".join(f"{t:.0f} ({t / b0:.2f}x)" for t, b0 in zip(tput, base))
-        lines.append(f"| {backend} | {precision} | {diff:.2e} | {cells} |")
-        print(lines[-1], flush=True)
-        del be
-        torch.cuda.empty_cache()
-    lines += ["", "| server | backend | seq/s at saturation (16 x 32 x 128 tokens) |", "|---|---|---|"]
-    for backend in ("onnxruntime", "eager", "compile"):
-        try:
-            lines.append(f"| py-grpc | {backend} | {serve_saturation('py-grpc-' + backend, backend, model):.0f} |")
-        except Exception as e:  # noqa: BLE001
-            lines.append(f"| py-grpc | {backend} | failed: {str(e)[:80]} |")
-        print(lines[-1], flush=True)
+    try:
+        import onnxruntime as ort
+
+        ort_text = f"onnxruntime {ort.__version__} {ort.get_available_providers()}"
+    except ImportError:
+        ort_text = "no onnxruntime"
+    where = torch.cuda.get_device_name(0) if a.device == "cuda" else f"CPU dry run ({platform.processor() or 'cpu'}, {os.cpu_count()} cores)"
+    lines = [f"# GPU check: {where}, {time.strftime('%Y-%m-%d')}, torch {torch.__version__}, {ort_text}",
+             "", f"model {model.name} ({repo.version}); golden inputs: {len(repo.golden()[0])}", ""]
+    batches = [int(b) for b in a.batches.split(",")]
+    rows, ok = runtime_rows(a, repo, model, batches)
+    lines += rows
+    if a.servers:
+        lines += server_rows(a, model)
     pathlib.Path(a.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    return 0
+    if not ok:
+        print("gpu_check: a runtime's parity is over its tolerance (see the table)", file=sys.stderr)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
