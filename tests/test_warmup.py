@@ -10,6 +10,7 @@ first poll fails the test: it cannot have been observed warming up.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 
@@ -31,6 +32,8 @@ KINDS = servers.available_kinds()
 WARMING_UP = "not ready: warming up"
 SERVICES = ("", "rmscore.v1.RewardModel")
 FIRST_ANSWER_WITHIN_S = 30
+# SIGTERM to exit while warming up: a model load under way (seconds) cannot be interrupted.
+EXIT_WITHIN_S = 30
 
 
 class Health:
@@ -125,3 +128,29 @@ def test_bad_warmup_rounds_exits_quoting_it(kind):
     p = subprocess.run(servers.command(kind, port=0, warmup_rounds=0), capture_output=True, text=True, timeout=120,
                        cwd=servers.ROOT)
     assert p.returncode == 2 and "--warmup-rounds: must be >= 1, got 0" in p.stdout + p.stderr, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if k != "py-grpc-compile"])  # one compile start in this file
+def test_sigterm_during_warmup_exits_without_ever_serving(kind):
+    """A long warm-up must not hold up a shutdown, nor flash SERVING on its way out. 2000 rounds take
+    minutes on any machine: a server that finishes its warm-up first cannot exit in time."""
+    server = servers.start(kind, wait_ready=False, warmup_rounds=2000)
+    health = Health(server)
+    try:
+        assert first_answer(health, server) == "NOT_SERVING", f"{kind}: ready before the first poll"
+        t_term = time.monotonic()
+        server.signal(signal.SIGTERM)
+        seen = set()
+        while server.proc.poll() is None and time.monotonic() - t_term < EXIT_WITHIN_S:
+            try:
+                seen.add(health.status())
+            except (grpc.RpcError, httpx.HTTPError):
+                pass  # shutting down mid-call
+            time.sleep(0.05)
+        exit_s = time.monotonic() - t_term
+        assert server.proc.poll() == 0, f"{kind}: exit {server.proc.poll()} {exit_s:.1f} s after SIGTERM:\n{server.log()}"
+        assert "SERVING" not in seen, f"{kind}: said SERVING after SIGTERM during warm-up"
+        print(f"{kind}: exited {exit_s:.1f} s after SIGTERM during warm-up")
+    finally:
+        health.close()
+        server.stop(5)

@@ -51,10 +51,19 @@ void SetHealth(grpc::Server& server, bool serving) {
 // The same warm-up set as the Python ONNX Runtime backend (backends/ort.py):
 // one tiny batch and one mid-sized one, so the first real batches find the
 // runtime's kernels and arena ready. All-ones ids are valid in any vocabulary.
-void WarmUp(ModelRunner& runner, const Config& cfg) {
+// SIGTERM/SIGINT arrived (they stay pending, blocked, until sigwait takes them).
+bool StopPending(const sigset_t& signals) {
+  sigset_t pending;
+  sigpending(&pending);
+  return (sigismember(&signals, SIGTERM) && sigismember(&pending, SIGTERM)) ||
+         (sigismember(&signals, SIGINT) && sigismember(&pending, SIGINT));
+}
+
+// Stops early when a stop signal is pending: a long --warmup-rounds must not delay a shutdown.
+void WarmUp(ModelRunner& runner, const Config& cfg, const sigset_t& signals) {
   const Clock::time_point t = Clock::now();
   const int64_t shapes[][2] = {{1, 8}, {std::min<int64_t>(8, cfg.max_batch_size), 64}};
-  for (int round = 0; round < cfg.warmup_rounds; ++round) {
+  for (int round = 0; round < cfg.warmup_rounds && !StopPending(signals); ++round) {
     for (const auto& [batch, length] : shapes) {
       PackedBatch b;
       b.batch = batch;
@@ -103,7 +112,20 @@ int Run(const Config& cfg, const sigset_t& signals) {
   std::unique_ptr<ModelRunner> runner;
   try {
     runner = std::make_unique<ModelRunner>(cfg, manifest);
-    WarmUp(*runner, cfg);
+    WarmUp(*runner, cfg, signals);
+  } catch (...) {
+    server->Shutdown(std::chrono::system_clock::now());
+    throw;
+  }
+  // Stopped while loading or warming up: never SERVING, nothing accepted to drain, no self-check to wait for.
+  if (StopPending(signals)) {
+    std::cout << "rmscore stopped during warm-up" << std::endl;
+    server->Shutdown(std::chrono::system_clock::now());
+    server->Wait();
+    metrics.StopServing();
+    return 0;
+  }
+  try {
     const SelfCheckReference ref = SelfCheckReferenceFor(manifest, cfg.precision);
     const double diff = runner->SelfCheck(manifest, cfg.precision);
     std::cout << "rmscore self-check " << ToString(cfg.precision) << " graph=" << runner->graph_path()

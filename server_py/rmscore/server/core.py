@@ -44,6 +44,7 @@ class ScoringCore:
         self.batcher: Batcher | None = None
         self.backend = None
         self._on_state: list = []
+        self._loader: threading.Thread | None = None
         # Serialises the warm-up's "now SERVING" against SIGTERM's "now DRAINING".
         self._state_lock = threading.Lock()
 
@@ -51,13 +52,17 @@ class ScoringCore:
     def start_loading(self, on_state) -> None:
         """Load, warm up and self-check in a thread; `on_state(state)` hears each change."""
         self._on_state.append(on_state)
-        threading.Thread(target=self._load, name="rmscore-load", daemon=True).start()
+        self._loader = threading.Thread(target=self._load, name="rmscore-load", daemon=True)
+        self._loader.start()
 
     def _load(self) -> None:
         t0 = time.perf_counter()
         try:
             self.backend = backends.create(self.cfg, self.repo)
             for _ in range(self.cfg.warmup_rounds):
+                if self.state != WARMING_UP:  # SIGTERM: a long --warmup-rounds must not hold the exit
+                    backends.progress("stopped during warm-up")
+                    return
                 self.backend.warmup(self.cfg.max_batch_size, self.repo.max_sequence_length)
             diff = backends.self_check(self.backend, self.repo, self.cfg.precision)
             backends.progress(f"self-check passed: max abs diff {diff:.2e} against the golden scores")
@@ -152,7 +157,8 @@ class ScoringCore:
         """Return `code`, or leave at once when a batch is still in the model: a torch batch cannot
         be interrupted and must not hold the exit past the grace, and ONNX Runtime aborts the
         process ("terminate called") when the interpreter tears down under its running thread."""
-        if self.batcher and self.batcher.running():
+        loading = self._loader is not None and self._loader.is_alive()  # SIGTERM came mid-load/warm-up
+        if loading or (self.batcher and self.batcher.running()):
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
