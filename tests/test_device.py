@@ -122,3 +122,32 @@ def test_gpu_check_dry_run_measures_servers(tmp_path):
     for kind in kinds:
         row = next(line for line in report.splitlines() if line.startswith(f"| {kind} |"))
         assert float(row.split("|")[2]) > 0, report
+
+
+def test_gpu_carry_rebuilds_the_fused_graph_from_the_hf_weights():
+    """The carry holds the weights once (fp16 safetensors); the device rebuilds model.onnx.data from
+    them. Every initializer of the served graph must be restorable byte for byte from the fp32 weights,
+    else a re-export that folds weights (a scaled Q, say) would break the carry."""
+    import importlib.util
+
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+    from safetensors.numpy import load_file
+
+    spec = importlib.util.spec_from_file_location("gpu_carry", servers.ROOT / "scripts" / "gpu_carry.py")
+    gpu_carry = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_carry)
+    weights = load_file(str(servers.MODEL / "hf" / "model.safetensors"))
+    graph, recipe = gpu_carry.recipe_for(servers.MODEL / "model.onnx", weights)
+    assert all(t.data_location == onnx.TensorProto.EXTERNAL and not t.raw_data for t in graph.graph.initializer)
+    assert len(graph.SerializeToString()) < 1_000_000  # the graph itself is small; the weights are not in it
+    assert sum(len(r.get("raw", "")) for r in recipe) < 65536  # nothing big carried twice
+    data = gpu_carry.build_data(recipe, weights)
+    by_name = {r["name"]: r for r in recipe}
+    for t in onnx.load(str(servers.MODEL / "model.onnx")).graph.initializer:
+        r = by_name[t.name]
+        assert data[r["offset"]:r["offset"] + r["length"]] == numpy_helper.to_array(t).tobytes(), t.name
+    # And from the fp16-rounded weights the device sees, a different but consistent graph.
+    rounded = {k: v.astype(np.float16) for k, v in weights.items()}
+    assert gpu_carry.build_data(recipe, rounded) != data
