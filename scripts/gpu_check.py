@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT / "server_py"))
 
 ALL_RUNTIMES = "eager:fp32,eager:bf16,eager:fp16,compile:fp32,onnxruntime:fp32"
 QUICK_RUNTIMES = "eager:fp32,eager:fp16,onnxruntime:fp32"
-ALL_SERVERS = "cpp-grpc,py-grpc-onnxruntime,py-grpc-eager,py-grpc-compile,py-http-onnxruntime"
+# compile last: its warm-up is the longest, and a run cut short keeps the others.
+ALL_SERVERS = "cpp-grpc,py-grpc-onnxruntime,py-http-onnxruntime,py-grpc-eager,py-grpc-compile"
 QUICK_SERVERS = "cpp-grpc,py-grpc-onnxruntime,py-http-onnxruntime"
 # What a Python server kind imports beyond torch/numpy/onnxruntime (rmscore.launch needs the first two).
 SERVER_MODULES = ["grpc", "httpx", "grpc_health", "grpc_reflection", "google.protobuf", "prometheus_client",
@@ -123,7 +124,7 @@ def runtime_rows(a, repo, model: pathlib.Path, batches: list[int]) -> tuple[list
             be = make(repo, model, backend, precision, a.device, max(batches))
         except Exception as e:  # noqa: BLE001 - a runtime missing here is reported, not fatal
             lines.append(f"| {backend} | {precision} | unavailable: {one_line(e)} |")
-            print(lines[-1], flush=True)
+            emit(lines[-1])
             continue
         diff, tol = parity(repo, be), tolerance(backend, precision)
         ok &= diff <= tol
@@ -132,13 +133,25 @@ def runtime_rows(a, repo, model: pathlib.Path, batches: list[int]) -> tuple[list
         cells = " | ".join(f"{t:.4g} ({t / b0:.2f}x)" for t, b0 in zip(tput, base))
         verdict = "" if diff <= tol else f" OVER tolerance {tol:.0e}"
         lines.append(f"| {backend} | {precision} | {diff:.2e}{verdict} | {cells} |")
-        print(lines[-1], flush=True)
+        emit(lines[-1])
         del be
         if a.device == "cuda":
             import torch
 
             torch.cuda.empty_cache()
     return lines, ok
+
+
+PARTIAL: list[pathlib.Path] = []
+
+
+def emit(line: str) -> None:
+    """Each row as it is measured, on stdout and in --out, so a run cut short by a time limit
+    still leaves what it measured (the full tables replace the file at the end)."""
+    print(line, flush=True)
+    for path in PARTIAL:
+        with open(path, "a") as f:
+            f.write(line + "\n")
 
 
 def one_line(e: BaseException | str) -> str:
@@ -244,7 +257,7 @@ def server_rows(a, model: pathlib.Path) -> list[str]:
                 why = one_line(e)
         result.setdefault(kind, f"unavailable: {why}")
         v = result[kind]
-        print(f"| {kind} | {v if isinstance(v, str) else f'{v:.4g} seq/s'} |", flush=True)
+        emit(f"| {kind} | {v if isinstance(v, str) else f'{v:.4g} seq/s'} |")
     base = result.get("py-grpc-eager")
     return head + [f"| {k} | {v:.4g} | {v / base:.2f}x |" if isinstance(v, float) and isinstance(base, float)
                    else f"| {k} | {v if isinstance(v, str) else f'{v:.4g}'} | |" for k, v in result.items()]
@@ -260,16 +273,16 @@ def main() -> int:
     ap.add_argument("--batches", help="default 1,4,16,64,256 (quick: 1,4)")
     ap.add_argument("--runtimes", help=f"backend:precision list (default {ALL_RUNTIMES}; quick: {QUICK_RUNTIMES})")
     ap.add_argument("--servers", help=f"server kinds, '' for none (default {ALL_SERVERS}; quick: {QUICK_SERVERS})")
-    ap.add_argument("--seconds", type=float, help="per throughput point (default 3; quick 0.5)")
-    ap.add_argument("--server-seconds", type=float, help="per server (default 15; quick 3)")
+    ap.add_argument("--seconds", type=float, help="per throughput point (default 2; quick 0.5)")
+    ap.add_argument("--server-seconds", type=float, help="per server (default 10; quick 3)")
     ap.add_argument("--clients", type=int, help="concurrent requests per server (default 16; quick 4)")
     a = ap.parse_args()
     q = a.quick
     a.batches = a.batches or ("1,4" if q else "1,4,16,64,256")
     a.runtimes = a.runtimes or (QUICK_RUNTIMES if q else ALL_RUNTIMES)
     a.servers = a.servers if a.servers is not None else (QUICK_SERVERS if q else ALL_SERVERS)
-    a.seconds = a.seconds or (0.5 if q else 3.0)
-    a.server_seconds = a.server_seconds or (3.0 if q else 15.0)
+    a.seconds = a.seconds or (0.5 if q else 2.0)
+    a.server_seconds = a.server_seconds or (3.0 if q else 10.0)
     a.clients = a.clients or (4 if q else 16)
     for need in ("numpy", "torch"):
         if missing([need]):
@@ -295,6 +308,8 @@ def main() -> int:
     lines = [f"# GPU check: {where}, {time.strftime('%Y-%m-%d')}, torch {torch.__version__}, {ort_text}",
              "", f"model {model.name} ({repo.version}); golden inputs: {len(repo.golden()[0])}", ""]
     batches = [int(b) for b in a.batches.split(",")]
+    pathlib.Path(a.out).write_text("\n".join(lines) + "\n(partial: rows as measured)\n")
+    PARTIAL.append(pathlib.Path(a.out))
     rows, ok = runtime_rows(a, repo, model, batches)
     lines += rows
     if a.servers:
