@@ -51,7 +51,7 @@ PACKAGES = [
     "httpx", "httpcore", "h11", "anyio", "idna", "certifi",
     # the HTTP server
     "fastapi", "starlette", "pydantic", "pydantic_core", "uvicorn", "click", "annotated-types",
-    "typing-inspection", "annotated-doc",
+    "typing-inspection", "annotated-doc", "opentelemetry-api",  # fastapi imports it at load
 ]
 HF_FILES = ["config.json", "special_tokens_map.json", "tokenizer_config.json", "vocab.txt", "tokenizer.json"]
 

@@ -306,7 +306,7 @@ def main() -> int:
         ort_text = "no onnxruntime"
     where = torch.cuda.get_device_name(0) if a.device == "cuda" else f"CPU dry run ({platform.processor() or 'cpu'}, {os.cpu_count()} cores)"
     lines = [f"# GPU check: {where}, {time.strftime('%Y-%m-%d')}, torch {torch.__version__}, {ort_text}",
-             "", f"model {model.name} ({repo.version}); golden inputs: {len(repo.golden()[0])}", ""]
+             "", f"model {repo.name} ({repo.version}, {model}); golden inputs: {len(repo.golden()[0])}", ""]
     batches = [int(b) for b in a.batches.split(",")]
     pathlib.Path(a.out).write_text("\n".join(lines) + "\n(partial: rows as measured)\n")
     PARTIAL.append(pathlib.Path(a.out))
