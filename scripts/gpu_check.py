@@ -159,7 +159,7 @@ def one_line(e: BaseException | str) -> str:
     return (text[-1] if text else type(e).__name__).replace("|", "/")[:160]
 
 
-def server_unavailable(kind: str, device: str) -> str | None:
+def server_unavailable(kind: str) -> str | None:
     if kind == "cpp-grpc":
         from rmscore import launch
 
@@ -181,8 +181,8 @@ def saturate(kind: str, model: pathlib.Path, device: str, seconds: float, client
     port_file, log_path = tmp / "ports.json", tmp / "server.log"
     cmd = launch.command(kind, model=model, device=device, port=0, metrics_port=0, port_file=port_file,
                          max_batch_size=256, max_batch_tokens=65536, intra_op_threads=os.cpu_count() or 1)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "server_py")] + sys.path[1:])}
+    path = [str(ROOT / "server_py")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(path)}
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     try:
@@ -249,7 +249,7 @@ def server_rows(a, model: pathlib.Path) -> list[str]:
         return head + [f"| {k} | unavailable: {one_line(e)} | |" for k in kinds]
     result: dict[str, float | str] = {}
     for kind in kinds:
-        why = server_unavailable(kind, a.device)
+        why = server_unavailable(kind)
         if why is None:
             try:
                 result[kind] = saturate(kind, model, a.device, a.server_seconds, a.clients)
@@ -304,7 +304,8 @@ def main() -> int:
         ort_text = f"onnxruntime {ort.__version__} {ort.get_available_providers()}"
     except ImportError:
         ort_text = "no onnxruntime"
-    where = torch.cuda.get_device_name(0) if a.device == "cuda" else f"CPU dry run ({platform.processor() or 'cpu'}, {os.cpu_count()} cores)"
+    where = (torch.cuda.get_device_name(0) if a.device == "cuda"
+             else f"CPU dry run ({platform.processor() or 'cpu'}, {os.cpu_count()} cores)")
     lines = [f"# GPU check: {where}, {time.strftime('%Y-%m-%d')}, torch {torch.__version__}, {ort_text}",
              "", f"model {repo.name} ({repo.version}, {model}); golden inputs: {len(repo.golden()[0])}", ""]
     batches = [int(b) for b in a.batches.split(",")]

@@ -77,7 +77,8 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 def gpu_check(tmp_path, *args, bare: bool = False, timeout_s: float = 600) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-c", BARE] if bare else [sys.executable]
     return subprocess.run([*cmd, str(GPU_CHECK), "--out", str(tmp_path / "report.md"), *args], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=timeout_s, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                          capture_output=True, text=True, timeout=timeout_s,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
 @no_gpu
