@@ -4,6 +4,7 @@
 // NOT_SERVING, calls refused "not ready: warming up") -> port file -> model
 // loaded, warmed up (--warmup-rounds) and golden self-check -> SERVING. On SIGTERM/SIGINT: NOT_SERVING,
 // new calls refused "not ready: draining", accepted work finished, exit 0.
+#include <google/protobuf/stubs/logging.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -174,7 +175,17 @@ int Run(const Config& cfg, const sigset_t& signals) {
 }  // namespace
 }  // namespace rmscore
 
+// libprotobuf logs an ERROR line for every message with invalid UTF-8 in a
+// string field. That is the client's input, already answered INVALID_ARGUMENT;
+// logging it would let any client fill the server's log. Other lines go on.
+static void ProtobufLog(google::protobuf::LogLevel level, const char* file, int line, const std::string& message) {
+  if (message.find("invalid UTF-8") != std::string::npos) return;
+  std::cerr << "[libprotobuf " << (level >= google::protobuf::LOGLEVEL_ERROR ? "ERROR" : "WARNING") << " " << file
+            << ":" << line << "] " << message << std::endl;
+}
+
 int main(int argc, char** argv) {
+  google::protobuf::SetLogHandler(&ProtobufLog);
   // Block the stop signals in every thread (threads inherit the mask); the
   // main thread takes them with sigwait once serving.
   sigset_t signals;
