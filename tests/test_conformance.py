@@ -313,21 +313,7 @@ def test_refuses_to_serve_when_the_self_check_fails(server, tmp_path):
 def test_sigterm_drains_accepted_requests(server):
     s = servers.start(server.kind, drain_grace_seconds=120, **FLAGS)
     reqs = [rand_seqs(12, 32, 128, seed=50 + i) for i in range(6)]
-    results = [None] * len(reqs)
-
-    def one(i):
-        c = Caller(s)
-        try:
-            results[i] = ("OK", len(c.score(tokens(reqs[i]), timeout_s=300)))
-        except CallError as e:
-            results[i] = (e.code, e.message)
-        finally:
-            c.close()
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(reqs))]
-    for t in threads:
-        t.start()
-    _wait_in_flight(s, len(reqs))
+    threads, results = _score_in_threads(s, reqs, timeout_s=300)
     t0 = time.monotonic()
     s.signal(signal.SIGTERM)
     time.sleep(0.3)
@@ -352,21 +338,7 @@ def test_sigterm_when_the_grace_runs_out_every_call_ends_and_the_exit_is_on_time
     grace_s = 4.0
     s = servers.start(server.kind, drain_grace_seconds=grace_s, **FLAGS)
     reqs = [rand_seqs(64, 256, 256, seed=70 + i) for i in range(2)]
-    results = [None] * len(reqs)
-
-    def one(i):
-        c = Caller(s)
-        try:
-            results[i] = ("OK", len(c.score(tokens(reqs[i]), timeout_s=120)))
-        except CallError as e:
-            results[i] = (e.code, e.message)
-        finally:
-            c.close()
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(reqs))]
-    for t in threads:
-        t.start()
-    _wait_in_flight(s, len(reqs))
+    threads, results = _score_in_threads(s, reqs, timeout_s=120)
     t0 = time.monotonic()
     s.signal(signal.SIGTERM)
     code = s.proc.wait(60)
@@ -382,6 +354,27 @@ def test_sigterm_when_the_grace_runs_out_every_call_ends_and_the_exit_is_on_time
         assert r[0] in ("UNAVAILABLE", "INTERNAL") or r == ("OK", 64), results
     assert any(r[0] == "UNAVAILABLE" and r[1] == "not ready: draining" for r in results) or \
         any(r[0] == "INTERNAL" for r in results), results
+
+
+def _score_in_threads(s, reqs, timeout_s):
+    """One Score call per request, each from its own thread; returns once all are in flight. The
+    results list fills with ("OK", n scores) or (code, message) as the calls end."""
+    results = [None] * len(reqs)
+
+    def one(i):
+        c = Caller(s)
+        try:
+            results[i] = ("OK", len(c.score(tokens(reqs[i]), timeout_s=timeout_s)))
+        except CallError as e:
+            results[i] = (e.code, e.message)
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(reqs))]
+    for t in threads:
+        t.start()
+    _wait_in_flight(s, len(reqs))
+    return threads, results
 
 
 def _wait_in_flight(s, n, timeout_s=60):
