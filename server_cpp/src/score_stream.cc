@@ -139,6 +139,8 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     grpc::ByteBuffer bytes;
     const grpc::Status serialized = SerializeAnswer(resp, &bytes);  // outside the lock: it copies the answer
     const grpc::ByteBuffer* next = nullptr;
+    grpc::Status status;
+    bool finish = false;
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (done_item) outstanding_.erase(done_item);
@@ -151,27 +153,38 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
           next = &writes_.front();
         }
       }
+      // Decided under the same lock as the erase: this runs on a batcher thread, and once the
+      // lock is let go a reaction may finish the call and gRPC may delete `this`.
+      if (!next) finish = FinishableLocked(&status);
     }
     if (next) {
-      StartWrite(next);
-    } else {
-      MaybeFinish();
+      StartWrite(next);  // writing_ is set: the call cannot finish before OnWriteDone
+    } else if (finish) {
+      Finish(status);  // last touch of `this`
     }
   }
 
+  // For reactions only (gRPC runs them before OnDone, so `this` is alive on entry).
   void MaybeFinish() {
     grpc::Status status;
     {
       std::lock_guard<std::mutex> lk(mu_);
-      if (finished_ || !reads_done_ || !outstanding_.empty() || writing_) return;
-      finished_ = true;
-      if (!end_status_.ok()) {
-        status = end_status_;
-      } else if (cancelled_) {
-        status = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
-      }
+      if (!FinishableLocked(&status)) return;
     }
     Finish(status);  // last touch of `this`
+  }
+
+  // Precondition: mu_ held. True (once) when every item is answered and written and the reads are
+  // done; `*status` is then the call's status.
+  bool FinishableLocked(grpc::Status* status) {
+    if (finished_ || !reads_done_ || !outstanding_.empty() || writing_) return false;
+    finished_ = true;
+    if (!end_status_.ok()) {
+      *status = end_status_;
+    } else if (cancelled_) {
+      *status = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+    }
+    return true;
   }
 
   RewardModelService* const svc_;
