@@ -49,9 +49,6 @@ void SetHealth(grpc::Server& server, bool serving) {
   health->SetServingStatus(kServiceName, serving);
 }
 
-// The same warm-up set as the Python ONNX Runtime backend (backends/ort.py):
-// one tiny batch and one mid-sized one, so the first real batches find the
-// runtime's kernels and arena ready. All-ones ids are valid in any vocabulary.
 // SIGTERM/SIGINT arrived (they stay pending, blocked, until sigwait takes them).
 bool StopPending(const sigset_t& signals) {
   sigset_t pending;
@@ -60,11 +57,15 @@ bool StopPending(const sigset_t& signals) {
          (sigismember(&signals, SIGINT) && sigismember(&pending, SIGINT));
 }
 
+// The same warm-up set as the Python ONNX Runtime backend (backends/ort.py):
+// one tiny batch and one mid-sized one, so the first real batches find the
+// runtime's kernels and arena ready. All-ones ids are valid in any vocabulary.
 // Stops early when a stop signal is pending: a long --warmup-rounds must not delay a shutdown.
 void WarmUp(ModelRunner& runner, const Config& cfg, const sigset_t& signals) {
   const Clock::time_point t = Clock::now();
   const int64_t shapes[][2] = {{1, 8}, {std::min<int64_t>(8, cfg.max_batch_size), 64}};
-  for (int round = 0; round < cfg.warmup_rounds && !StopPending(signals); ++round) {
+  int round = 0;
+  for (; round < cfg.warmup_rounds && !StopPending(signals); ++round) {
     for (const auto& [batch, length] : shapes) {
       PackedBatch b;
       b.batch = batch;
@@ -75,7 +76,7 @@ void WarmUp(ModelRunner& runner, const Config& cfg, const sigset_t& signals) {
       runner.Run(b);
     }
   }
-  std::cout << "rmscore warm-up rounds=" << cfg.warmup_rounds << " warmup_s=" << SecondsSince(t) << std::endl;
+  std::cout << "rmscore warm-up rounds=" << round << " warmup_s=" << SecondsSince(t) << std::endl;
 }
 
 // Blocks until SIGTERM or SIGINT (blocked in every thread since start).
@@ -118,14 +119,16 @@ int Run(const Config& cfg, const sigset_t& signals) {
     server->Shutdown(std::chrono::system_clock::now());
     throw;
   }
-  // Stopped while loading or warming up: never SERVING, nothing accepted to drain, no self-check to wait for.
-  if (StopPending(signals)) {
+  // Stopped while loading, warming up or self-checking: never SERVING, nothing accepted to drain.
+  auto stopped_during_startup = [&] {
+    if (!StopPending(signals)) return false;
     std::cout << "rmscore stopped during warm-up" << std::endl;
     server->Shutdown(std::chrono::system_clock::now());
     server->Wait();
     metrics.StopServing();
-    return 0;
-  }
+    return true;
+  };
+  if (stopped_during_startup()) return 0;  // before the self-check: no need to wait for it
   try {
     const SelfCheckReference ref = SelfCheckReferenceFor(manifest, cfg.precision);
     const double diff = runner->SelfCheck(manifest, cfg.precision);
@@ -142,6 +145,7 @@ int Run(const Config& cfg, const sigset_t& signals) {
     server->Shutdown(std::chrono::system_clock::now());
     throw;
   }
+  if (stopped_during_startup()) return 0;
   Batcher::Options bopts;
   bopts.planner = PlannerConfig{cfg.max_batch_size, cfg.max_batch_tokens, cfg.max_queue_delay_us(), cfg.batching};
   bopts.max_queue_sequences = cfg.max_queue_sequences;
