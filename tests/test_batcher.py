@@ -179,8 +179,14 @@ def test_stop_answers_a_batch_built_but_never_run():
     b.submit([[6]], None, out.cb("queued"))  # a neighbour that does not fit makes [[5]] a full batch
     with b._lock:  # white-box: wait for the batcher to have sealed it, not for time to pass
         assert b._wake.wait_for(lambda: b._slot is not None, 10)
-    threading.Timer(0.2, model.release.release).start()
-    b.stop()
+    # Release the running batch only once stop() has marked the batcher stopping, so the worker
+    # cannot take the built batch first (as a timer racing stop() could let it).
+    stopper = threading.Thread(target=b.stop)
+    stopper.start()
+    with b._lock:
+        assert b._wake.wait_for(lambda: b._stopping, 10)
+    model.release.release()
+    stopper.join(30)
     built, queued, running = out.wait("built", "queued", "running")
     for e in (built, queued):
         assert isinstance(e, ScoreError) and (e.code, e.message) == (Code.UNAVAILABLE, "not ready: draining")

@@ -198,8 +198,14 @@ class Batcher:
             if batch_items:
                 batch = self._pack(batch_items, now)
                 with self._lock:
-                    self._slot = batch
-                    self._wake.notify_all()
+                    stopped = self._stopping  # stop() ran while packing: it saw neither queue nor slot
+                    if not stopped:
+                        self._slot = batch
+                        self._wake.notify_all()
+                if stopped:
+                    reqs = {id(it.req): it.req for it in batch_items}
+                    self._fail(list(reqs.values()), ScoreError(Code.UNAVAILABLE, "not ready: draining"), "cancelled")
+                    return
 
     def _pack(self, items: list[_Item], now_us: int) -> _Batch:
         ids, mask = pad_batch([it.ids for it in items], self._pad_id)
