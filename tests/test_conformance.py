@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
-import pathlib
 import random
 import re
 import shutil
@@ -332,6 +331,8 @@ def test_sigterm_drains_accepted_requests(server):
 
 
 def test_sigterm_when_the_grace_runs_out_every_call_ends_and_the_exit_is_on_time(server):
+    if server.kind == "py-grpc-compile":
+        pytest.skip("the shutdown path is py-grpc-eager's (same core and transport); spares a compile warm-up")
     # Far more accepted work than a 4 s grace can finish (128 sequences of 256 tokens: tens of
     # seconds here): the server must still exit within the grace, and every call must end with
     # an answer that says why, none left hanging or cut off without a status.
@@ -351,9 +352,8 @@ def test_sigterm_when_the_grace_runs_out_every_call_ends_and_the_exit_is_on_time
     # Queued work fails "not ready: draining"; the C++ server also aborts the batch in the model
     # (INTERNAL). A batch that finished in time may have answered a request whole.
     for r in results:
-        assert r[0] in ("UNAVAILABLE", "INTERNAL") or r == ("OK", 64), results
-    assert any(r[0] == "UNAVAILABLE" and r[1] == "not ready: draining" for r in results) or \
-        any(r[0] == "INTERNAL" for r in results), results
+        assert r == ("UNAVAILABLE", "not ready: draining") or r[0] == "INTERNAL" or r == ("OK", 64), results
+    assert any(r[0] != "OK" for r in results), results  # the grace did run out
 
 
 def _score_in_threads(s, reqs, timeout_s):
@@ -367,6 +367,8 @@ def _score_in_threads(s, reqs, timeout_s):
             results[i] = ("OK", len(c.score(tokens(reqs[i]), timeout_s=timeout_s)))
         except CallError as e:
             results[i] = (e.code, e.message)
+        except Exception as e:  # noqa: BLE001 - a call cut off below the contract (reset, closed socket)
+            results[i] = ("TRANSPORT", repr(e))
         finally:
             c.close()
 
