@@ -23,13 +23,10 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import importlib.util
-import json
 import os
 import pathlib
 import platform
-import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -177,25 +174,15 @@ def saturate(kind: str, model: pathlib.Path, device: str, seconds: float, client
 
     from rmscore import launch
 
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"gpu-check-{kind}-"))
-    port_file, log_path = tmp / "ports.json", tmp / "server.log"
-    cmd = launch.command(kind, model=model, device=device, port=0, metrics_port=0, port_file=port_file,
-                         max_batch_size=256, max_batch_tokens=65536, intra_op_threads=os.cpu_count() or 1)
     path = [str(ROOT / "server_py")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(path)}
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     try:
-        deadline = time.monotonic() + 900
-        while not port_file.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"did not bind: {one_line(log_path.read_text(errors='replace'))}")
-            time.sleep(0.05)
-        port = json.loads(port_file.read_text())["port"]
-        try:
-            launch.wait_ready(kind, port, proc, deadline, log_path)
-        except RuntimeError:
-            raise RuntimeError(one_line(log_path.read_text(errors="replace"))) from None
+        server = launch.start(kind, model=model, device=device, max_batch_size=256, max_batch_tokens=65536,
+                              intra_op_threads=os.cpu_count() or 1, ready_timeout_s=900,
+                              env={"PYTHONPATH": os.pathsep.join(path)})
+    except RuntimeError as e:
+        raise RuntimeError(one_line(str(e))) from None
+    try:
+        port = server.port
         rng = np.random.default_rng(1)
         seqs = [rng.integers(1000, 20000, 128).tolist() for _ in range(32)]
         call = _caller(kind, port, seqs)
@@ -213,12 +200,7 @@ def saturate(kind: str, model: pathlib.Path, device: str, seconds: float, client
             total = sum(pool.map(loop, range(clients)))
         return total / (time.monotonic() - t0)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        server.stop(60)
 
 
 def _caller(kind: str, port: int, seqs: list[list[int]]):

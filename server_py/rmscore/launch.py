@@ -147,13 +147,14 @@ class RunningServer:
 
 def start(kind: str, port: int = 0, *, ready_timeout_s: float = 400, wait_ready: bool = True,
           tls_ca_file: str | os.PathLike | None = None, log_dir: str | os.PathLike | None = None,
-          poll_s: float = 0.1, **flags) -> RunningServer:
+          poll_s: float = 0.1, env: dict[str, str] | None = None, **flags) -> RunningServer:
     """Start `kind` on 127.0.0.1:`port` (0: ephemeral; the metrics port is ephemeral unless
     `metrics_port` says otherwise) with `flags` (docs/contract.md names); once bound, and with
     `wait_ready` once SERVING, its RunningServer. Its log is `log_dir`/server.log (default: a fresh
     temporary directory, so no old port file is ever read). `tls_ca_file` verifies the server's
     certificate for the health checks (default: `tls_cert_file` itself, right for a self-signed one).
-    `poll_s`: between health checks (each one a new connection). Raises with the log's tail if it
+    `poll_s`: between health checks (each one a new connection); `env`: added to this process's
+    environment for the server. Raises with the log's tail if it
     exits, or does not bind or get ready within `ready_timeout_s`; the process is killed then."""
     if tls_ca_file is None and flags.get("tls_cert_file"):
         tls_ca_file = flags["tls_cert_file"]
@@ -165,7 +166,7 @@ def start(kind: str, port: int = 0, *, ready_timeout_s: float = 400, wait_ready:
     deadline = time.monotonic() + ready_timeout_s
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     try:
         # The server writes the file (atomically) only once it listens on every port.
         while not port_file.exists():
