@@ -240,6 +240,9 @@ def _broken_checkpoint(src: pathlib.Path, kind: str) -> pathlib.Path:
     elif kind == "unknown architecture":
         cfg["architectures"] = ["FooForSequenceClassification"]
         cfg_path.write_text(json.dumps(cfg))
+    elif kind == "architectures not a list of names":
+        cfg["architectures"] = "BertForSequenceClassification"
+        cfg_path.write_text(json.dumps(cfg))
     elif kind == "architecture of another model type":
         cfg["architectures"] = ["RobertaForSequenceClassification"]
         cfg_path.write_text(json.dumps(cfg))
@@ -260,6 +263,8 @@ BROKEN = {
     "config bad vocab_size": "'{d}/config.json' holds a bad value: invalid literal for int() with base 10: 'many'",
     "unknown architecture": "architecture 'FooForSequenceClassification' in '{d}/config.json' is not a class in "
                             "transformers",
+    "architectures not a list of names": "'architectures' in '{d}/config.json' must be a list of class names, "
+                                         "got 'BertForSequenceClassification'",
     "architecture of another model type": "architecture 'RobertaForSequenceClassification' in '{d}/config.json' "
                                           "does not match the class its model_type loads, "
                                           "'BertForSequenceClassification'",

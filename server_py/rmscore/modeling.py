@@ -46,6 +46,9 @@ def inspect_checkpoint(hf_dir: pathlib.Path) -> ModelSpec:
         raise ModelLoadError(f"--model: {str(hf_dir)!r} has no config.json; not a Hugging Face checkpoint")
     cfg = json.loads(cfg_path.read_text())
     archs = cfg.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise ModelLoadError(f"--model: 'architectures' in {str(cfg_path)!r} must be a list of class names, "
+                             f"got {archs!r}")
     arch = archs[0] if archs else ""
     if not arch.endswith("ForSequenceClassification"):
         raise ModelLoadError(
