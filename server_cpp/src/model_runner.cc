@@ -58,10 +58,10 @@ ModelRunner::ModelRunner(const Config& cfg, const Manifest& manifest)
   opts.SetInterOpNumThreads(cfg.inter_op_threads);
   // One run at a time from one worker thread: sequential execution.
   opts.SetExecutionMode(ORT_SEQUENTIAL);
-  // The arena keeps the largest batch's activations for good (the self-check's
-  // padded 22x512 batch alone left ~730 MiB resident); without it idle RSS is
-  // ~150 MiB, and batch times measured here were no worse.
-  opts.DisableCpuMemArena();
+  // ORT's CPU arena stays on, as in the Python backend: without it every large
+  // batch allocates its activations afresh, and a 32x256 batch took 1.26x as
+  // long (docs/cpp_bench.md). The cost is resident memory: the arena keeps the
+  // largest batch's activations (the self-check's padded batch alone ~730 MiB).
   if (cfg.device == Device::kCuda) AppendCuda(opts);
   session_ = Ort::Session(env_, graph_path_.c_str(), opts);
 }
