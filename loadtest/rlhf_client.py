@@ -206,8 +206,11 @@ class RolloutUser(User):
     def _grpc_chunk(self, chunk: list[list[int]]) -> Exception | None:
         start = time.perf_counter()
         exc = None
+        client = self.client
+        if client is None:  # on_stop ran between this chunk's spawn and now: the user is stopping
+            return None
         try:
-            scores = self.client.score_ids(chunk).scores
+            scores = client.score_ids(chunk).scores
             if len(scores) != len(chunk):
                 raise RuntimeError(f"{len(scores)} scores for {len(chunk)} sequences")
             if not np.all(np.isfinite(scores)):
@@ -227,8 +230,14 @@ class RolloutUser(User):
         chunk is recorded with the client's own per-chunk latency."""
         answered = []
         start = time.perf_counter()
+        # Read the client now, in this greenlet: the coroutine is built later on the loop's thread,
+        # by when a stopping run's on_stop may have set self.client to None (an error log that
+        # failed the Locust run at its time limit).
+        client = self.client
+        if client is None:
+            return []
         try:
-            result = _GreenletLoop.run(lambda: self.client.score_ids(rollout, on_chunk=answered.append))
+            result = _GreenletLoop.run(lambda: client.score_ids(rollout, on_chunk=answered.append))
             if len(result.scores) != len(rollout) or not np.all(np.isfinite(result.scores)):
                 raise RuntimeError(f"{len(result.scores)} scores for {len(rollout)} sequences, or non-finite")
             exc = None
