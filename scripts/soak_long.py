@@ -72,23 +72,9 @@ def run(args) -> dict:
 
 
 def plot(record: dict, path: pathlib.Path) -> None:
-    import matplotlib
+    from rmscore.bench.hardening import rss_plot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for label, r in sorted(record["soaks"].items()):
-        t = [s[0] / 60 for s in r["samples"]]
-        mb = [s[1] for s in r["samples"]]
-        ax.plot(t, mb, label=f"{label}: {r['rss_growth_pct']:+.1f} %")
-    ax.set_xlabel("minutes after the warm-up")
-    ax.set_ylabel("resident memory, MiB")
-    ax.set_title("Long soak: resident memory under steady load")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    rss_plot(sorted(record["soaks"].items()), path, "Long soak: resident memory under steady load", minutes=True)
 
 
 def table(record: dict) -> str:

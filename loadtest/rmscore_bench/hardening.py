@@ -248,28 +248,37 @@ def markdown(record: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rss_plot(soaks: list[tuple[str, dict]], path: pathlib.Path, title: str, minutes: bool = False) -> None:
+    """Resident memory over time, one line per (label, faults.soak figures); also scripts/soak_long.py's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scale = 60.0 if minutes else 1.0
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for label, s in soaks:
+        ax.plot([p[0] / scale for p in s["samples"]], [p[1] for p in s["samples"]], marker=None if minutes else ".",
+                label=f"{label} ({s['rss_growth_pct']:+.1f} %)")
+    ax.set_xlabel(f"{'minutes' if minutes else 'seconds'} after the warm-up")
+    ax.set_ylabel("resident memory (VmRSS), MiB")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plots(record: dict, out: pathlib.Path) -> list[pathlib.Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    made = []
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for rec in record["kinds"]:
-        s = _get(rec, "soak")
-        if s:
-            ts = [p[0] for p in s["samples"]]
-            ax.plot(ts, [p[1] for p in s["samples"]], marker=".", label=f"{rec['kind']} ({s['rss_growth_pct']:+.1f} %)")
-    ax.set_xlabel("seconds after the warm-up")
-    ax.set_ylabel("resident memory (VmRSS), MiB")
-    ax.set_title("Soak: server resident memory under steady load")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    made.append(out / "soak_rss.png")
-    fig.savefig(made[-1], dpi=110)
-    plt.close(fig)
+    made = [out / "soak_rss.png"]
+    soaks = [(rec["kind"], _get(rec, "soak")) for rec in record["kinds"]]
+    rss_plot([(kind, s) for kind, s in soaks if s], made[-1], "Soak: server resident memory under steady load")
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     data, labels = [], []
