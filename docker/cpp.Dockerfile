@@ -26,8 +26,8 @@ WORKDIR /opt/rmscore
 COPY scripts/ scripts/
 COPY proto/ proto/
 COPY server_cpp/ server_cpp/
-COPY server_py/rmscore/metrics.json server_py/rmscore/metrics.json
-COPY tests/data/batching_vectors.json tests/data/batching_vectors.json
+COPY server_py/rmscore/core/metrics.json server_py/rmscore/core/metrics.json
+COPY contract/batching_vectors.json contract/batching_vectors.json
 COPY docker/healthcheck/ docker/healthcheck/
 COPY docker/collect_runtime_libs.sh docker/collect_runtime_libs.sh
 # setup_ort_sdk.sh downloads the pinned wheel with .venv/bin/pip when there is

@@ -33,7 +33,7 @@ COPY docker/healthcheck/healthcheck.py docker/healthcheck/healthcheck.py
 RUN --mount=type=cache,target=/root/.cache/pip \
     if [ "${RMSCORE_GPU}" != 1 ]; then export PIP_EXTRA_INDEX_URL="${TORCH_CPU_INDEX}"; fi \
  && RMSCORE_GPU="${RMSCORE_GPU}" RMSCORE_STEPS=apt,venv,stubs scripts/setup.sh \
- && .venv/bin/python -c "import rmscore.v1.reward_pb2_grpc, grpc_health.v1.health_pb2, onnxruntime, torch; print('torch', torch.__version__, 'ort', onnxruntime.__version__, onnxruntime.get_available_providers())"
+ && .venv/bin/python -c "import rmscore_client.v1.reward_pb2_grpc, grpc_health.v1.health_pb2, onnxruntime, torch; print('torch', torch.__version__, 'ort', onnxruntime.__version__, onnxruntime.get_available_providers())"
 
 FROM ${BASE_IMAGE} AS runtime
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]

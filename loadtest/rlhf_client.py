@@ -12,7 +12,7 @@ waits its "policy update" time before the next rollout. Locust records
 
 gRPC users send each chunk with grpc's gevent-cooperative blocking stub (the
 rmscore client's gRPC path is grpc.aio, which hangs under gevent's monkey
-patching); the FastAPI user goes through rmscore.client's AsyncHttpRewardClient
+patching); the FastAPI user goes through rmscore_client's AsyncHttpRewardClient
 on an asyncio loop hosted by a greenlet. Same chunks, same contract.
 
 Targets come from the command line or the environment (command line wins):
@@ -48,8 +48,9 @@ from locust.exception import StopUser
 # Before any channel exists: make grpc's blocking calls cooperate with gevent.
 grpc_gevent.init_gevent()
 
-from rmscore.bench import clients  # noqa: E402
-from rmscore.bench.workload import LengthMix, chunks, make_rollout  # noqa: E402
+from rmscore.tools.kinds import KINDS  # noqa: E402
+from rmscore_loadtest import caller  # noqa: E402
+from rmscore_loadtest.workload import LengthMix, chunks, make_rollout  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -57,14 +58,8 @@ log = logging.getLogger("rlhf_client")
 
 OFF = ("", "off", "none", "0")
 
-# option name, env var, default, transport, label
-TARGETS = {
-    "target_cpp": ("RMSCORE_TARGET_CPP", "127.0.0.1:50051", "grpc", "cpp-grpc"),
-    "target_py_eager": ("RMSCORE_TARGET_PY_EAGER", "127.0.0.1:50052", "grpc", "py-grpc-eager"),
-    "target_py_compile": ("RMSCORE_TARGET_PY_COMPILE", "127.0.0.1:50053", "grpc", "py-grpc-compile"),
-    "target_py_ort": ("RMSCORE_TARGET_PY_ORT", "127.0.0.1:50054", "grpc", "py-grpc-onnxruntime"),
-    "target_http": ("RMSCORE_TARGET_HTTP", "http://127.0.0.1:8000", "http", "py-http-onnxruntime"),
-}
+# The registry's kinds by their target option (--target-cpp, env RMSCORE_TARGET_CPP, ...).
+TARGETS = {k.locust_option: k for k in KINDS.values()}
 
 
 def _is_off(value) -> bool:
@@ -75,10 +70,10 @@ def _is_off(value) -> bool:
 def _add_arguments(parser) -> None:
     # On the parser itself, not a group: only its add_argument takes locust's web-UI keywords,
     # and every option added here shows in the web UI's custom parameters.
-    for option, (env, default, transport, label) in TARGETS.items():
-        parser.add_argument("--" + option.replace("_", "-"), env_var=env, default=default,
-                            help=f"{label} target ({'host:port' if transport == 'grpc' else 'base URL'}); "
-                                 f"'off' or empty excludes it (env {env}, default %(default)s)")
+    for option, k in TARGETS.items():
+        parser.add_argument("--" + option.replace("_", "-"), env_var=k.locust_env, default=k.default_target,
+                            help=f"{k.name} target ({'host:port' if k.transport == 'grpc' else 'base URL'}); "
+                                 f"'off' or empty excludes it (env {k.locust_env}, default %(default)s)")
     parser.add_argument("--rollout-size", type=int, env_var="RMSCORE_ROLLOUT_SIZE", default=64,
                         help="sequences per rollout (default %(default)s)")
     parser.add_argument("--chunk-size", type=int, env_var="RMSCORE_CHUNK_SIZE", default=8,
@@ -163,14 +158,14 @@ class RolloutUser(User):
 
     def __init__(self, environment):
         super().__init__(environment)
-        _env, _default, self.transport, self.label = TARGETS[self.target_option]
+        self.transport, self.label = TARGETS[self.target_option].transport, TARGETS[self.target_option].name
         self.client = None
         self.rng = None
 
     def on_start(self) -> None:
         opts = self.environment.parsed_options
-        env_var, default = TARGETS[self.target_option][:2]
-        target = getattr(opts, self.target_option, None) if opts else os.environ.get(env_var, default)
+        k = TARGETS[self.target_option]
+        target = getattr(opts, self.target_option, None) if opts else os.environ.get(k.locust_env, k.default_target)
         if _is_off(target):
             raise StopUser()
         self.target = target
@@ -182,7 +177,7 @@ class RolloutUser(User):
         seed = getattr(opts, "rollout_seed", 0)
         self.rng = np.random.default_rng([seed, id(self) & 0xFFFFFFFF, os.getpid()])
         if self.transport == "grpc":
-            self.client = clients.GeventGrpcClient(target, timeout_s=timeout)
+            self.client = caller.GeventGrpcClient(target, timeout_s=timeout)
         else:
             self.client = _GreenletLoop.run(lambda: _make_async(self.transport, target, self.chunk_size, timeout))
 
@@ -192,7 +187,7 @@ class RolloutUser(User):
             if self.transport == "grpc":
                 client.close()
             else:
-                _GreenletLoop.run(lambda: clients.aclose(client))
+                _GreenletLoop.run(lambda: caller.aclose(client))
 
     def wait_time(self) -> float:
         lo, hi = self.update
@@ -226,7 +221,7 @@ class RolloutUser(User):
         return [j.value if j.successful() else j.exception for j in jobs if not j.successful() or j.value]
 
     def _score_async(self, rollout: list[list[int]]) -> list[Exception]:
-        """Through rmscore.client: it cuts the chunks and sends them all at once; each answered
+        """Through rmscore_client: it cuts the chunks and sends them all at once; each answered
         chunk is recorded with the client's own per-chunk latency."""
         answered = []
         start = time.perf_counter()
@@ -267,7 +262,7 @@ class RolloutUser(User):
 
 
 async def _make_async(transport: str, target: str, chunk_size: int, timeout: float):
-    return clients.async_client(transport, target, chunk_size=chunk_size, timeout_s=timeout)
+    return caller.async_client(transport, target, chunk_size=chunk_size, timeout_s=timeout)
 
 
 class CppGrpcUser(RolloutUser):

@@ -21,7 +21,7 @@ Every batch is then full by a limit: no sequence of any other batch can join it.
 with --batching fifo and those limits, so each request is exactly one server batch, whatever order
 requests arrive in, and a full batch runs without waiting for the queue delay. The last cut, which
 is not full, is dropped. The servers' batch counters (/metrics) are checked against the requests.
-The servers start through rmscore.launch.start on 127.0.0.1, plaintext and without an auth token:
+The servers start through rmscore.tools.launch.start on 127.0.0.1, plaintext and without an auth token:
 the overhead measured is the serving's, not TLS's.
 """
 
@@ -91,7 +91,7 @@ def full_batches(seqs: list[list[int]], max_batch_size: int, max_batch_tokens: i
 def make_workload(a) -> dict:
     import numpy as np
 
-    from rmscore.bench.workload import LengthMix, make_rollout
+    from rmscore_loadtest.workload import LengthMix, make_rollout
 
     mix = LengthMix.parse(a.lengths)
     rng = np.random.default_rng(a.seed)
@@ -156,11 +156,10 @@ def metric_sum(metrics_port: int, name: str) -> float:
 
 
 class Server:
-    """A server kind through rmscore.launch.start (plaintext, no auth token, on 127.0.0.1), timed to SERVING."""
+    """A server kind through rmscore.tools.launch.start (plaintext, no auth token, on 127.0.0.1), timed to SERVING."""
 
     def __init__(self, kind: str, a, tmp: pathlib.Path):
-        from rmscore import launch
-
+        from rmscore.tools import launch
         self.kind = kind
         t0 = time.monotonic()
         # Health polled every 20 ms: start-up time is a figure here.
@@ -187,7 +186,7 @@ class Server:
 
 
 def request_bytes(seqs: list[list[int]]) -> bytes:
-    from rmscore.v1 import reward_pb2
+    from rmscore_client.v1 import reward_pb2
 
     return reward_pb2.ScoreRequest(
         sequences=[reward_pb2.Sequence(tokens=reward_pb2.TokenIds(ids=s)) for s in seqs]).SerializeToString()
@@ -195,7 +194,7 @@ def request_bytes(seqs: list[list[int]]) -> bytes:
 
 def score_callable(channel):
     """Score with pre-serialised requests: the load generator spends no time building messages."""
-    from rmscore.v1 import reward_pb2
+    from rmscore_client.v1 import reward_pb2
 
     return channel.unary_unary(SCORE_METHOD, request_serializer=None,
                                response_deserializer=reward_pb2.ScoreResponse.FromString)
@@ -368,13 +367,13 @@ def repetition(k: int, a, wl: dict, reqs: list[bytes], small: bytes, batches_fil
 
 # ---- statistics and report ----------------------------------------------------------------------
 def ci(values) -> dict:
-    from rmscore.bench.stats import mean_ci
+    from rmscore_loadtest.stats import mean_ci
 
     return mean_ci([v for v in values if v is not None]).as_dict()
 
 
 def fmt(c: dict, digits: int = 3, scale: float = 1.0, unit: str = "") -> str:
-    from rmscore.bench.stats import CI
+    from rmscore_loadtest.stats import CI
 
     x = CI(**{**c, **{k: c[k] * scale for k in ("mean", "lo", "hi", "half_width", "sd")}})
     return x.fmt(digits) + unit
@@ -503,8 +502,7 @@ def main(argv=None) -> int:
         print(f"bench_cpp: {DRIVER} missing: run scripts/build_cpp.sh", file=sys.stderr)
         return 2
     if "cpp-grpc" in a.kinds:
-        from rmscore import launch
-
+        from rmscore.tools import launch
         if not launch.CPP_BINARY.exists():
             print(f"bench_cpp: {launch.CPP_BINARY} missing: run scripts/build_cpp.sh", file=sys.stderr)
             return 2

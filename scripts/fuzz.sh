@@ -6,9 +6,9 @@
 #     fuzz_py_http         FastAPI front end: JSON body of /v1/score and /get_reward (atheris)
 # Seeds: tests/fuzz/corpus/; what a run learns accumulates in build/fuzz-corpus/<target>.
 # A crashing input is written to tests/fuzz/regressions/{cpp,py}/<target>/ (commit it:
-# tests/test_fuzz.py replays every file there on each run). Prints one line per target,
+# tests/integration/test_fuzz.py replays every file there on each run). Prints one line per target,
 #   fuzz_cpp_validation: 558456 runs in 21 s, 0 crashes
-# and exits non-zero when any target crashed. The tests (tests/test_fuzz.py) call this script.
+# and exits non-zero when any target crashed. The tests (tests/integration/test_fuzz.py) call this script.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

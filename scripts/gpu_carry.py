@@ -14,7 +14,7 @@ repository alone is ~200 MB (fp32 weights in hf/, model.onnx and model.int8.onnx
     site.tar.xz               the Python packages the device lacks (transformers with only
                               its bert and auto models, tokenizers, grpcio, fastapi, ...),
                               extracted from pinned wheels for one CPython version
-    stubs/                    the generated rmscore.v1 gRPC stubs (ignored in git)
+    stubs/                    the generated rmscore_client.v1 gRPC stubs (ignored in git)
   unpack (on the device): build/gpu-run/{site,model}
     upcasts the weights to fp32, rebuilds model.onnx.data from them, and recomputes the
     golden eager-fp32 CPU scores on those weights, so every runtime is compared on the
@@ -46,7 +46,7 @@ PACKAGES = [
     "transformers", "safetensors", "huggingface_hub", "tokenizers", "regex", "PyYAML", "tqdm",
     "packaging", "filelock", "fsspec", "typing_extensions",
     "httpx2", "httpcore2", "truststore",  # huggingface_hub 2 imports these at load, even offline
-    # the Python servers, and rmscore.launch's health checks
+    # the Python servers, and rmscore.tools.launch's health checks
     "grpcio", "grpcio-health-checking", "grpcio-reflection", "protobuf", "prometheus_client",
     "httpx", "httpcore", "h11", "anyio", "idna", "certifi",
     # the HTTP server
@@ -185,7 +185,7 @@ def pack(a) -> int:
     wheels = download_wheels(ROOT / ".cache" / f"gpu-wheels-py{a.python_version}", a.python_version)
     say(f"site: {len(wheels)} wheels -> site.tar.xz (transformers trimmed to its bert and auto models)")
     pack_site(wheels, out / "site.tar.xz")
-    shutil.copytree(ROOT / "server_py" / "rmscore" / "v1", out / "stubs", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "client" / "rmscore_client" / "v1", out / "stubs", ignore=shutil.ignore_patterns("__pycache__"))
     (out / "carry.json").write_text(json.dumps({
         "python": a.python_version, "packages": [w.name for w in wheels], "model": str(model),
         "model_version": manifest["version"], "packed": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1))
@@ -231,7 +231,7 @@ def golden_scores(hf_dir: pathlib.Path, seqs: list[list[int]]) -> list[float]:
     """As `rmscore export` scores them: PyTorch eager fp32 on the CPU, each sequence alone."""
     import torch
 
-    from rmscore.modeling import RewardModule, inspect_checkpoint, load_hf_model
+    from rmscore.model.modeling import RewardModule, inspect_checkpoint, load_hf_model
 
     module = RewardModule(load_hf_model(hf_dir), inspect_checkpoint(hf_dir)).eval()
     with torch.inference_mode():
@@ -259,8 +259,8 @@ def unpack(a) -> int:
     shutil.rmtree(into, ignore_errors=True)
     site, model = into / "site", into / "model"
     _extract(carry / "site.tar.xz", site)
-    sys.path[:0] = [str(site), str(ROOT / "server_py")]
-    stubs = ROOT / "server_py" / "rmscore" / "v1"
+    sys.path[:0] = [str(site), str(ROOT / "server_py"), str(ROOT / "client")]
+    stubs = ROOT / "client" / "rmscore_client" / "v1"
     if not (stubs / "reward_pb2.py").exists():
         shutil.copytree(carry / "stubs", stubs, dirs_exist_ok=True)
     _extract(carry / "model.tar.xz", model)

@@ -30,14 +30,16 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "server_py"))
+# The server and the client (its stubs) from the checkout: the carry installs neither.
+SOURCES = [str(ROOT / "server_py"), str(ROOT / "client")]
+sys.path[:0] = SOURCES
 
 ALL_RUNTIMES = "eager:fp32,eager:bf16,eager:fp16,compile:fp32,onnxruntime:fp32"
 QUICK_RUNTIMES = "eager:fp32,eager:fp16,onnxruntime:fp32"
 # compile last: its warm-up is the longest, and a run cut short keeps the others.
 ALL_SERVERS = "cpp-grpc,py-grpc-onnxruntime,py-http-onnxruntime,py-grpc-eager,py-grpc-compile"
 QUICK_SERVERS = "cpp-grpc,py-grpc-onnxruntime,py-http-onnxruntime"
-# What a Python server kind imports beyond torch/numpy/onnxruntime (rmscore.launch needs the first two).
+# What a Python server kind imports beyond torch/numpy/onnxruntime (rmscore.tools.launch needs the first two).
 SERVER_MODULES = ["grpc", "httpx", "grpc_health", "grpc_reflection", "google.protobuf", "prometheus_client",
                   "tokenizers", "yaml"]
 HTTP_MODULES = ["fastapi", "uvicorn", "pydantic", "starlette"]
@@ -65,12 +67,12 @@ def no_cuda_reason() -> str | None:
 
 
 def make(repo, model: pathlib.Path, backend: str, precision: str, device: str, max_batch: int):
-    from rmscore import backends
-    from rmscore.config import ServeConfig
+    from rmscore import runtimes
+    from rmscore.core.config import ServeConfig
 
     cfg = ServeConfig(model=model, backend=backend, precision=precision, device=device,
                       intra_op_threads=os.cpu_count() or 1)
-    be = backends.create(cfg, repo)
+    be = runtimes.create(cfg, repo)
     be.warmup(max_batch, repo.max_sequence_length)
     return be
 
@@ -79,7 +81,7 @@ def parity(repo, be) -> float:
     """Max abs diff against the golden scores, each sequence alone and all as one padded batch."""
     import numpy as np
 
-    from rmscore.modeling import pad_batch
+    from rmscore.model.modeling import pad_batch
 
     seqs, golden = repo.golden()
     ref = np.asarray(golden, dtype=np.float64)
@@ -103,7 +105,7 @@ def throughput(be, batch: int, seconds: float, length: int = 128) -> float:
 
 
 def tolerance(backend: str, precision: str) -> float:
-    from rmscore.backends import AUTOCAST_TOLERANCE, TOLERANCE
+    from rmscore.runtimes import AUTOCAST_TOLERANCE, TOLERANCE
 
     return AUTOCAST_TOLERANCE.get(precision, TOLERANCE[backend])
 
@@ -158,8 +160,7 @@ def one_line(e: BaseException | str) -> str:
 
 def server_unavailable(kind: str) -> str | None:
     if kind == "cpp-grpc":
-        from rmscore import launch
-
+        from rmscore.tools import launch
         if not launch.CPP_BINARY.exists():
             return f"{launch.CPP_BINARY.relative_to(ROOT)} not built here (a CUDA build is not carried)"
         gone = missing(["grpc"])
@@ -172,9 +173,8 @@ def server_unavailable(kind: str) -> str | None:
 def saturate(kind: str, model: pathlib.Path, device: str, seconds: float, clients: int) -> float:
     import numpy as np
 
-    from rmscore import launch
-
-    path = [str(ROOT / "server_py")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    from rmscore.tools import launch
+    path = SOURCES + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     try:
         server = launch.start(kind, model=model, device=device, max_batch_size=256, max_batch_tokens=65536,
                               intra_op_threads=os.cpu_count() or 1, ready_timeout_s=900,
@@ -204,8 +204,7 @@ def saturate(kind: str, model: pathlib.Path, device: str, seconds: float, client
 
 
 def _caller(kind: str, port: int, seqs: list[list[int]]):
-    from rmscore import launch
-
+    from rmscore.tools import launch
     if launch.transport(kind) == "http":
         import httpx
 
@@ -214,7 +213,7 @@ def _caller(kind: str, port: int, seqs: list[list[int]]):
         return lambda: len(client.post("/v1/score", json=body).raise_for_status().json()["scores"])
     import grpc
 
-    from rmscore.v1 import reward_pb2 as pb, reward_pb2_grpc as pbg
+    from rmscore_client.v1 import reward_pb2 as pb, reward_pb2_grpc as pbg
 
     stub = pbg.RewardModelStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
     req = pb.ScoreRequest(sequences=[pb.Sequence(tokens=pb.TokenIds(ids=s)) for s in seqs])
@@ -276,7 +275,7 @@ def main() -> int:
     if a.device == "cuda" and (why := no_cuda_reason()):
         print(f"gpu_check: {why}", file=sys.stderr)
         return 2
-    from rmscore.model_repo import load_repo
+    from rmscore.model.repository import load_repo
 
     model = pathlib.Path(a.model).resolve()
     repo = load_repo(model)

@@ -15,5 +15,5 @@ RUN_DIR=build/gpu-run
 # Nothing may reach for the network: the Hugging Face libraries would try the Hub on a cache miss.
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 PYTHONUNBUFFERED=1
 "$PY" scripts/gpu_carry.py unpack --carry "$CARRY" --into "$RUN_DIR"
-export PYTHONPATH="$ROOT/$RUN_DIR/site:$ROOT/server_py${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$ROOT/$RUN_DIR/site:$ROOT/server_py:$ROOT/client${PYTHONPATH:+:$PYTHONPATH}"
 exec "$PY" scripts/gpu_check.py --model "$RUN_DIR/model" "$@"

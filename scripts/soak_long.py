@@ -10,7 +10,7 @@ load on each, the same machine noise) and plots resident memory over time.
         --variant onednn0:ONEDNN_PRIMITIVE_CACHE_CAPACITY=0 --variant arena2:MALLOC_ARENA_MAX=2
     python scripts/soak_long.py --plot-only docs/hardening/soak_long.json
 
-Each server is started by rmscore.bench.faults (its flags) and soaked by faults.soak; a variant
+Each server is started by rmscore_loadtest.reliability.faults (its flags) and soaked by faults.soak; a variant
 starts one more server of each kind with the given environment. Writes OUT.json and OUT.png.
 """
 
@@ -35,8 +35,7 @@ def parse_variant(text: str) -> tuple[str, dict[str, str]]:
 
 
 def run(args) -> dict:
-    from rmscore.bench import faults
-
+    from rmscore_loadtest.reliability import faults
     variants = [("default", {})] + list(args.variant)
     servers = {}
     try:
@@ -72,7 +71,7 @@ def run(args) -> dict:
 
 
 def plot(record: dict, path: pathlib.Path) -> None:
-    from rmscore.bench.hardening import rss_plot
+    from rmscore_loadtest.reliability.hardening import rss_plot
 
     rss_plot(sorted(record["soaks"].items()), path, "Long soak: resident memory under steady load", minutes=True)
 

@@ -1,6 +1,6 @@
 """Real rmscore servers as child processes on loopback, for every test that needs one.
 
-The launcher itself is the library's (`rmscore.launch.start`: port file, log capture, readiness,
+The launcher itself is the library's (`rmscore.tools.launch.start`: port file, log capture, readiness,
 signals by PID only); this module adds what only tests want: `available_kinds()` narrowed by
 RMSCORE_TEST_KINDS, and the default model plus small batching and thread flags on every server.
 `start(kind, **flags)` launches a kind on ephemeral ports (or `port=`, fixed), waits for it to
@@ -12,13 +12,12 @@ from __future__ import annotations
 import os
 import pathlib
 
-from rmscore import launch
-from rmscore.launch import RunningServer  # noqa: F401 - re-exported for the tests
+from rmscore.tools import launch
+from rmscore.tools.launch import RunningServer  # noqa: F401 - re-exported for the tests
 
 ROOT = launch.ROOT
 MODEL = ROOT / "models" / "default"
 CPP_BINARY = launch.CPP_BINARY
-KINDS = launch.KINDS
 # Every kind gets the same batching and thread flags unless a test says otherwise.
 TEST_FLAGS = {"max_queue_delay_ms": 2, "intra_op_threads": 1}
 

@@ -1,8 +1,8 @@
-"""rmscore.client: the trainer's side of rmscore.
+"""rmscore_client: the trainer's side of rmscore.
 
 - `RewardClient` / `AsyncRewardClient`: gRPC (any server kind), replicas via gRPC round_robin.
 - `HttpRewardClient` / `AsyncHttpRewardClient`: the same interface over the FastAPI server.
-- `rmscore.client.adapters.trl`: reward functions for TRL's GRPOTrainer.
+- `rmscore_client.adapters.trl`: reward functions for TRL's GRPOTrainer.
 
 See docs/client.md.
 """

@@ -344,7 +344,7 @@ class AsyncRewardClient(_AsyncClientBase):
 
     def _rpc(self):
         if self._channel is None:
-            from rmscore.v1 import reward_pb2_grpc
+            from rmscore_client.v1 import reward_pb2_grpc
 
             if self.tls:
                 creds = grpc.ssl_channel_credentials(root_certificates=self._root_certs)
@@ -360,7 +360,7 @@ class AsyncRewardClient(_AsyncClientBase):
             self._channel = None
 
     async def _score_once(self, seqs, truncation, timeout_s):
-        from rmscore.v1 import reward_pb2 as pb
+        from rmscore_client.v1 import reward_pb2 as pb
 
         req = pb.ScoreRequest(sequences=[pb.Sequence(tokens=pb.TokenIds(ids=s)) for s in seqs],
                               truncation=_TRUNC_PB[truncation])
@@ -373,7 +373,7 @@ class AsyncRewardClient(_AsyncClientBase):
 
     async def info(self) -> ModelInfo:
         """The model behind the target (from one replica), tokenizer JSON included."""
-        from rmscore.v1 import reward_pb2 as pb
+        from rmscore_client.v1 import reward_pb2 as pb
 
         async def once(left):
             try:
@@ -414,7 +414,7 @@ class AsyncRewardClient(_AsyncClientBase):
         stream, which the balancer places on a serving replica; an item refused as
         RESOURCE_EXHAUSTED is re-sent on the same stream after a backoff.
         Wire ids are the client's own counter, so the caller's ids may be anything."""
-        from rmscore.v1 import reward_pb2 as pb
+        from rmscore_client.v1 import reward_pb2 as pb
 
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -538,7 +538,7 @@ class AsyncRewardClient(_AsyncClientBase):
 
 
 def _trunc_pb():
-    from rmscore.v1 import reward_pb2 as pb
+    from rmscore_client.v1 import reward_pb2 as pb
 
     return {"none": pb.TRUNCATION_NONE, "left": pb.TRUNCATION_LEFT, "right": pb.TRUNCATION_RIGHT}
 

@@ -201,3 +201,18 @@ def info_main(args) -> int:
         for k, v in info.items():
             print(f"{k:<{width}}  {v}")
     return 0 if health.serving and "error" not in info else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`rmscore-client score|info`: the same commands where only the client is installed."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="rmscore-client", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_parsers(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds grpc_health_probe into OUT_DIR (default build/healthcheck) with Debian's
 # protoc, grpc_cpp_plugin and libgrpc++ (the packages scripts/setup.sh installs
-# for the C++ server). Used by docker/cpp.Dockerfile and by tests/test_deploy.py.
+# for the C++ server). Used by docker/cpp.Dockerfile and by tests/deploy/test_deploy.py.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 OUT="$(mkdir -p "${1:-build/healthcheck}" && cd "${1:-build/healthcheck}" && pwd)"

@@ -129,7 +129,7 @@ std::optional<std::string> ReadWhole(const std::string& path) {
   }
 }
 
-// Same rules and messages as server_py/rmscore/config.py.
+// Same rules and messages as server_py/rmscore/core/config.py.
 void CheckAccessFlags(Config& c) {
   if (!c.tls_cert_file.empty() && c.tls_key_file.empty()) {
     Fail("--tls-cert-file", "needs --tls-key-file too (TLS takes both or neither), got '" + c.tls_cert_file + "'");

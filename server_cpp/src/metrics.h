@@ -1,4 +1,4 @@
-// Prometheus metrics, built from server_py/rmscore/metrics.json (embedded at
+// Prometheus metrics, built from server_py/rmscore/core/metrics.json (embedded at
 // build time) so names, labels and buckets are the Python servers' own.
 // Every series carries server="cpp-grpc", backend="onnxruntime".
 #pragma once

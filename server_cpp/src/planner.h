@@ -1,5 +1,5 @@
-// The batching policy as a pure function: server_py/rmscore/planner.py in C++,
-// held to the same vectors (tests/data/batching_vectors.json). Integer
+// The batching policy as a pure function: server_py/rmscore/core/planner.py in C++,
+// held to the same vectors (contract/batching_vectors.json). Integer
 // microseconds everywhere so both implementations decide identically.
 #pragma once
 

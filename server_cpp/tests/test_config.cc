@@ -101,7 +101,7 @@ TEST_F(AccessFiles, TokenIsReadAndStripped) {
   EXPECT_EQ(c.tls_key_file, key);
 }
 
-// The same messages as the Python servers (tests/test_flags.py holds both to them).
+// The same messages as the Python servers (tests/conformance/test_flags.py holds both to them).
 TEST_F(AccessFiles, BadAccessFlagsQuoteThePath) {
   const std::string cert = File("cert.pem", "PEM"), key = File("key.pem", "PEM");
   const std::string blank = File("blank", " \n\t\n"), spaced = File("spaced", "two words\n");

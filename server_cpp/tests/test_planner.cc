@@ -1,4 +1,4 @@
-// The C++ planner against every shared vector (tests/data/batching_vectors.json),
+// The C++ planner against every shared vector (contract/batching_vectors.json),
 // the same file server_py's planner is held to: decisions must be identical.
 #include <gtest/gtest.h>
 

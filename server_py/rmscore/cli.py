@@ -1,10 +1,14 @@
-"""The `rmscore` command: export, serve, score, info, bench, up."""
+"""The `rmscore` command. The server's own subcommands (export, serve) are built in, so they work
+from a source tree too; the other distributions add theirs through the `rmscore.commands` entry
+points (score and info from rmscore-client; up, bench and hardening from rmscore-loadtest)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
+from importlib.metadata import entry_points
+
+from rmscore.frontends.cli import add_parsers as serve_parser
 
 
 def _export_parser(sub) -> None:
@@ -19,22 +23,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rmscore", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _export_parser(sub)
-    for extra in ("rmscore.server.cli", "rmscore.stack", "rmscore.client.cli", "rmscore.bench.cli"):
-        try:
-            module = importlib.import_module(extra)
-        except ModuleNotFoundError as e:
-            # A missing dependency is an error; an absent component (or its parent package) is not.
-            if e.name != extra and not extra.startswith(f"{e.name}."):
-                raise
-            continue
-        module.add_parsers(sub)
+    serve_parser(sub)
+    for ep in sorted(entry_points(group="rmscore.commands"), key=lambda e: e.name):
+        ep.load()(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "export":
-        from .export import main as export_main
+        from rmscore.model.export import main as export_main
         return export_main(args)
     return args.func(args)
 

@@ -20,8 +20,8 @@ MODEL = ROOT / "models" / "default"
 
 @functools.cache
 def core():
-    from rmscore.config import ServeConfig
-    from rmscore.server.core import ScoringCore
+    from rmscore.core.config import ServeConfig
+    from rmscore.core.scoring import ScoringCore
 
     return ScoringCore(ServeConfig(model=MODEL))
 
@@ -37,7 +37,7 @@ def check_sequences(seqs, n_items: int) -> None:
 
 
 def check_refusal(err) -> None:
-    from rmscore.errors import Code
+    from rmscore.core.errors import Code
 
     assert err.code is Code.INVALID_ARGUMENT, err
     assert err.message and err.message.isprintable(), err.message
@@ -49,7 +49,7 @@ def main(one_input, instrumented_modules=("rmscore",)) -> None:
 
     with atheris.instrument_imports(include=list(instrumented_modules)):
         core()  # imports (and so instruments) rmscore's modules before fuzzing starts
-        import rmscore.server.grpc_server  # noqa: F401
-        import rmscore.server.http_server  # noqa: F401
+        import rmscore.frontends.grpc_server  # noqa: F401
+        import rmscore.frontends.http_server  # noqa: F401
     atheris.Setup(sys.argv, one_input)
     atheris.Fuzz()

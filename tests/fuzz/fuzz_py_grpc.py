@@ -2,7 +2,7 @@
 
 Bytes are decoded as the wire form of a ScoreRequest (the Score RPC) and of a
 ScoreStreamRequest (one ScoreStream item), then put through exactly what
-rmscore.server.grpc_server does with a decoded message before queueing it:
+rmscore.frontends.grpc_server does with a decoded message before queueing it:
 `seq_input` + the truncation mapping + the core's validator. Seeds: corpus/py_grpc/.
 """
 
@@ -14,9 +14,9 @@ from fuzz_common import check_refusal, check_sequences, core, main
 
 
 def one_input(data: bytes) -> None:
-    from rmscore.errors import ScoreError
-    from rmscore.server.grpc_server import TRUNC, seq_input
-    from rmscore.v1 import reward_pb2
+    from rmscore.core.errors import ScoreError
+    from rmscore.frontends.grpc_server import TRUNC, seq_input
+    from rmscore_client.v1 import reward_pb2
 
     validator = core().validator
     try:

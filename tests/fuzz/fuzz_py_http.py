@@ -23,9 +23,9 @@ ERROR_STATUSES = {422: "INVALID_ARGUMENT", 413: "RESOURCE_EXHAUSTED"}
 def client():
     from fastapi.testclient import TestClient
 
-    from rmscore.batcher import Result
-    from rmscore.server.core import SERVING
-    from rmscore.server.http_server import _LimitBody, create_app
+    from rmscore.core.batcher import Result
+    from rmscore.core.scoring import SERVING
+    from rmscore.frontends.http_server import _LimitBody, create_app
 
     c = core()
 

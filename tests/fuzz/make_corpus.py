@@ -15,7 +15,7 @@ import json
 import pathlib
 import shutil
 
-from rmscore.v1 import reward_pb2 as pb
+from rmscore_client.v1 import reward_pb2 as pb
 
 HERE = pathlib.Path(__file__).resolve().parent
 VOCAB, MAX_LEN, MAX_SEQS = 30522, 512, 1024

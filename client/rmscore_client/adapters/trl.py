@@ -10,7 +10,7 @@ recognizes is awaited on TRL's own event loop, concurrently with the other async
 functions. Prompts and completions are strings, or for conversational datasets lists of
 message dicts (`[{"role": "assistant", "content": "..."}]`); the contents are joined.
 
-    from rmscore.client.adapters.trl import rmscore_reward, rmscore_async_reward
+    from rmscore_client.adapters.trl import rmscore_reward, rmscore_async_reward
     trainer = GRPOTrainer(..., reward_funcs=[rmscore_reward("ipv4:10.0.0.1:50051,10.0.0.2:50051")])
     trainer = GRPOTrainer(..., reward_funcs=[rmscore_async_reward("10.0.0.1:50051")])
 """

@@ -1,0 +1,90 @@
+"""Writes contract/batching_vectors.json: the batching policy's shared test vectors.
+
+The "hand" cases carry expectations worked out by hand from docs/batching.md;
+the "generated" cases are random queues whose expectations come from the Python
+reference planner, so that the C++ planner must reproduce it decision by
+decision. Run it again only when the policy itself changes.
+"""
+
+import json
+import pathlib
+import random
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "server_py"))
+from rmscore.core.planner import MODES, PlannerConfig, Waiting, plan  # noqa: E402
+
+
+def case(name, cfg, now_us, waiting, expired=(), batch=(), wait_us=None):
+    return {
+        "name": name,
+        "config": cfg,
+        "now_us": now_us,
+        "waiting": [dict(id=i, arrival_us=a, length=n, deadline_us=d) for i, a, n, d in waiting],
+        "expect": {"expired": list(expired), "batch": list(batch), "wait_us": wait_us},
+    }
+
+
+def cfg(mode="length_aware", size=8, tokens=4096, delay_us=5000):
+    return dict(mode=mode, max_batch_size=size, max_batch_tokens=tokens, max_queue_delay_us=delay_us)
+
+
+HAND = [
+    case("empty queue sleeps until an arrival", cfg(), 0, []),
+    case("lone sequence waits out the delay", cfg(), 1000, [(1, 0, 10, None)], wait_us=4000),
+    case("lone sequence goes when the delay is up", cfg(), 5000, [(1, 0, 10, None)], batch=[1]),
+    case("zero delay dispatches at once", cfg(delay_us=0), 7, [(1, 7, 10, None)], batch=[1]),
+    case("delay counts from the oldest", cfg(), 3000, [(1, 1000, 10, None), (2, 2500, 10, None)], wait_us=3000),
+    case("full by count: length-aware picks the nearest length", cfg(size=2), 0,
+         [(1, 0, 10, None), (2, 0, 50, None), (3, 0, 12, None)], batch=[1, 3]),
+    case("full by count: fifo takes arrival order", cfg("fifo", size=2), 0,
+         [(1, 0, 10, None), (2, 0, 50, None), (3, 0, 12, None)], batch=[1, 2]),
+    case("token budget: length-aware skips the long one", cfg(tokens=250), 0,
+         [(1, 0, 100, None), (2, 0, 400, None), (3, 0, 100, None)], batch=[1, 3]),
+    case("token budget: fifo stops at the long one", cfg("fifo", tokens=250), 0,
+         [(1, 0, 100, None), (2, 0, 400, None), (3, 0, 100, None)], batch=[1]),
+    case("expired sequences are dropped first", cfg(), 6000,
+         [(1, 0, 10, 6000), (2, 100, 10, None), (3, 200, 10, 9000)], expired=[1], batch=[2, 3]),
+    case("all expired: nothing to run", cfg(), 10, [(1, 0, 10, 5), (2, 0, 10, 10)], expired=[1, 2]),
+    case("the long oldest sequence is never starved", cfg(size=4, tokens=100000), 0,
+         [(1, 0, 500, None), (2, 1, 10, None), (3, 2, 10, None), (4, 3, 10, None), (5, 4, 10, None), (6, 5, 10, None)],
+         batch=[1, 4, 5, 6]),
+    case("an oldest longer than the token budget runs alone", cfg(tokens=256), 0,
+         [(1, 0, 512, None), (2, 0, 10, None)], batch=[1]),
+    case("equal padding either way: the shorter neighbour wins", cfg(size=2), 0,
+         [(1, 0, 20, None), (2, 0, 30, None), (3, 0, 10, None)], batch=[1, 3]),
+    case("too little room for the cheaper longer one: take the shorter", cfg(size=8, tokens=81), 0,
+         [(1, 0, 40, None), (2, 0, 41, None), (3, 0, 30, None)], batch=[1, 3]),
+    case("not full and not due: wait even with several queued", cfg(size=8), 2000,
+         [(1, 0, 10, None), (2, 1000, 20, None), (3, 1500, 30, None)], wait_us=3000),
+    case("fifo not full and due: all of them", cfg("fifo"), 5000,
+         [(1, 0, 10, None), (2, 1000, 300, None), (3, 1500, 30, None)], batch=[1, 2, 3]),
+]
+
+
+def generated(n_cases=300, seed=20261202):
+    rng = random.Random(seed)
+    out = []
+    for k in range(n_cases):
+        mode = MODES[k % 2]
+        c = cfg(mode, rng.choice([1, 2, 4, 8, 16, 64]), rng.choice([64, 512, 2048, 4096, 16384]),
+                rng.choice([0, 1000, 5000, 20000]))
+        now = rng.randint(0, 30000)
+        waiting = []
+        t = 0
+        for i in range(rng.randint(0, 40)):
+            t += rng.randint(0, 2000)
+            length = min(512, max(1, int(rng.lognormvariate(4.5, 0.9))))
+            deadline = rng.choice([None, None, None, rng.randint(0, 60000)])
+            waiting.append((i + 1, t, length, deadline))
+        d = plan([Waiting(*w) for w in waiting], now,
+                 PlannerConfig(c["max_batch_size"], c["max_batch_tokens"], c["max_queue_delay_us"], mode))
+        out.append(case(f"generated {k}", c, now, waiting, d.expired, d.batch, d.wait_us))
+    return out
+
+
+if __name__ == "__main__":
+    path = pathlib.Path(__file__).parent / "batching_vectors.json"
+    doc = {"_comment": __doc__.strip(), "hand": HAND, "generated": generated()}
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {len(HAND)} hand and {len(doc['generated'])} generated cases to {path}")

@@ -1,0 +1,12 @@
+"""rmscore_loadtest: everything that drives servers from outside.
+
+caller.py      the one way to call any server kind over either transport
+loadgen.py     the one closed-loop / open-loop load generator
+workload.py    RLHF length mixes and rollouts;  stats.py  intervals and percentiles
+bench/         `rmscore bench`: repeated runs on fresh servers, intervals, report, plots
+reliability/   `rmscore hardening`: faults, overload, cancellation, soak, hostile input
+up.py          `rmscore up`: the local stack (every kind, Prometheus, Locust)
+
+Light on import: the Locust file imports `workload` and `caller` from here under gevent, so
+nothing heavy (matplotlib, torch) is imported at package level.
+"""

@@ -1,0 +1,1 @@
+"""`rmscore bench`: repeated independent runs against fresh servers, with intervals, a report and plots."""

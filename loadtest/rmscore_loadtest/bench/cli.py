@@ -1,0 +1,131 @@
+"""`rmscore bench`: repeated independent runs against freshly started servers, with CIs and plots.
+
+    rmscore bench --preset tiny --out /tmp/bench          # seconds of measuring: checks the machinery
+    rmscore bench --preset short --out docs/bench/short   # minutes per server kind
+    rmscore bench --preset full --out bench-full          # the real run
+    rmscore bench --report-only bench-full/run.json       # redo report and plots from the JSON
+
+Writes OUT/run.json (every repetition, every latency, and the summary), OUT/report.md and the PNG
+plots next to it. docs/benchmark.md explains each figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+from rmscore_loadtest.bench.presets import ALL_KINDS, BATCHING, MODES, PRESETS, RUNTIMES
+
+
+def comma_list(conv=str):
+    def parse(text: str):
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        try:
+            return tuple(conv(x) for x in items)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}") from None
+    return parse
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("bench", help="benchmark every server kind: K repetitions, 95%% CIs, report and plots",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="short", help="sizes of everything (default: %(default)s)")
+    p.add_argument("--out", default="bench-out", help="output directory (default: %(default)s)")
+    p.add_argument("--model", default="models/default", help="model repository (default: %(default)s)")
+    p.add_argument("--kinds", type=comma_list(), help=f"server kinds, comma-separated, from {', '.join(ALL_KINDS)}")
+    p.add_argument("--batching", type=comma_list(), help=f"batching policies: {', '.join(BATCHING)}")
+    p.add_argument("--modes", type=comma_list(), help=f"{', '.join(MODES)}")
+    p.add_argument("--repeats", type=int, help="K, independent repetitions per configuration (>= 2 for a CI)")
+    p.add_argument("--warmup-s", type=float, help="warm-up seconds per server start")
+    p.add_argument("--window-s", type=float, help="measured seconds per closed-loop level and for the open loop")
+    p.add_argument("--settle-s", type=float, help="unmeasured seconds at the start of each closed-loop level")
+    p.add_argument("--concurrency", type=comma_list(int), help="closed-loop concurrency levels, e.g. 1,4,16")
+    p.add_argument("--open-rate", type=float, dest="open_rate_seq_s", help="open-loop offered load, sequences/s")
+    p.add_argument("--chunk-size", type=int, help="sequences per request (RPC)")
+    p.add_argument("--rollout-size", type=int, help="sequences per rollout")
+    p.add_argument("--rollouts", type=int, dest="rollouts_per_rep", help="rollouts scored per repetition")
+    p.add_argument("--lengths", help="length mix: lognormal:MEDIAN:SIGMA:MIN:MAX, uniform:MIN:MAX or fixed:N")
+    p.add_argument("--threads", type=int, dest="intra_op_threads", help="intra-op threads of every runtime")
+    p.add_argument("--inter-op-threads", type=int, help="inter-op threads of every runtime")
+    p.add_argument("--inproc", type=comma_list(), dest="inproc_runtimes",
+                   help=f"in-process runtime baselines ({', '.join(RUNTIMES)}; 'none' for none)")
+    p.add_argument("--no-ablation", action="store_true", help="skip the in-process batching ablation")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--note", action="append", default=[], help="a line for the report (repeatable)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--report-only", metavar="RUN_JSON", help="rewrite report and plots from a run.json")
+    p.set_defaults(func=main)
+
+
+def settings_from(args):
+    s = PRESETS[args.preset]
+    inproc = args.inproc_runtimes
+    if inproc is not None and inproc in (("none",), ()):
+        inproc = ()
+    s = s.with_(kinds=args.kinds, batching=args.batching, modes=args.modes, repeats=args.repeats,
+                warmup_s=args.warmup_s, window_s=args.window_s, settle_s=args.settle_s, concurrency=args.concurrency,
+                open_rate_seq_s=args.open_rate_seq_s, chunk_size=args.chunk_size, rollout_size=args.rollout_size,
+                rollouts_per_rep=args.rollouts_per_rep, lengths=args.lengths, intra_op_threads=args.intra_op_threads,
+                inter_op_threads=args.inter_op_threads, inproc_runtimes=inproc, seed=args.seed,
+                notes=tuple(args.note) or None)
+    if args.no_ablation:
+        s = s.with_(ablation=False)
+    problems = []
+    problems += [f"--kinds: unknown kind {k!r}" for k in s.kinds if k not in ALL_KINDS]
+    problems += [f"--batching: unknown policy {b!r}" for b in s.batching if b not in BATCHING]
+    problems += [f"--modes: unknown mode {m!r}" for m in s.modes if m not in MODES]
+    problems += [f"--inproc: unknown runtime {r!r}" for r in s.inproc_runtimes if r not in RUNTIMES]
+    if s.repeats < 1:
+        problems.append(f"--repeats: must be >= 1, got {s.repeats}")
+    if any(c < 1 for c in s.concurrency) or not s.concurrency:
+        problems.append(f"--concurrency: levels must be >= 1, got {s.concurrency}")
+    if s.window_s <= 0 or s.open_rate_seq_s <= 0 or s.chunk_size < 1 or s.rollout_size < 1:
+        problems.append("--window-s and --open-rate must be > 0, --chunk-size and --rollout-size >= 1")
+    from rmscore_loadtest.workload import LengthMix
+
+    try:
+        LengthMix.parse(s.lengths)
+    except ValueError as e:
+        problems.append(f"--lengths: {e}")
+    if problems:
+        raise SystemExit("rmscore bench: " + "; ".join(problems))
+    return s
+
+
+def write_outputs(record: dict, out_dir: pathlib.Path) -> dict:
+    from rmscore_loadtest.bench import report
+    from rmscore_loadtest.bench.summary import summarise
+
+    summary = summarise(record)
+    record["summary"] = summary
+    (out_dir / "run.json").write_text(json.dumps(record, indent=1))
+    (out_dir / "report.md").write_text(report.markdown(record, summary))
+    report.plots(record, summary, out_dir)
+    return summary
+
+
+def main(args) -> int:
+    if args.report_only:
+        path = pathlib.Path(args.report_only)
+        path = path / "run.json" if path.is_dir() else path
+        record = json.loads(path.read_text())
+        write_outputs(record, path.parent)
+        print(f"rmscore bench: wrote {path.parent / 'report.md'} and plots")
+        return 0
+    settings = settings_from(args)
+    from rmscore_loadtest.bench.runner import Bench
+
+    out = pathlib.Path(args.out)
+    bench = Bench(settings, out, model=args.model, progress=not args.no_progress)
+    record = bench.run()
+    write_outputs(record, out)
+    sessions = record["sessions"]
+    failed = [x for x in sessions if (x.get("server") or {}).get("error")]
+    print(f"rmscore bench: {len(sessions)} server sessions ({len(failed)} failed to start), "
+          f"report {out / 'report.md'}", file=sys.stderr)
+    if sessions and len(failed) == len(sessions):
+        return 1
+    return 0

@@ -1,0 +1,178 @@
+"""The server configuration: one typed object, parsed once from flags, validated eagerly.
+
+The flag names are shared with the C++ server (docs/contract.md), so one
+command line means the same thing to every runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+from dataclasses import dataclass, field
+
+from rmscore.core.planner import MODES, PlannerConfig
+
+TRANSPORTS = ("grpc", "http")
+BACKENDS = ("eager", "compile", "onnxruntime")
+GRAPH_LEVELS = ("disable", "basic", "extended", "all")
+# fp32 everywhere; int8: ONNX Runtime's quantized graph; bf16/fp16: PyTorch autocast.
+PRECISIONS = ("fp32", "int8", "bf16", "fp16")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _read(path: pathlib.Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+# What a header value may hold (RFC 7230 visible ASCII; gRPC metadata allows the same).
+_TOKEN_BYTES = frozenset(range(0x21, 0x7F))
+_SPACE = b" \t\r\n\f\v"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model: pathlib.Path
+    transport: str = "grpc"
+    backend: str = "onnxruntime"
+    host: str = "127.0.0.1"
+    port: int = 50051
+    metrics_port: int = 9100
+    port_file: pathlib.Path | None = None
+    batching: str = "length_aware"
+    max_batch_size: int = 32
+    max_batch_tokens: int = 8192
+    max_queue_delay_ms: float = 2.0
+    max_queue_sequences: int = 4096
+    max_sequences_per_request: int = 1024
+    max_request_bytes: int = 16 * 1024 * 1024
+    intra_op_threads: int = 2
+    inter_op_threads: int = 1
+    graph_optimization_level: str = "all"
+    precision: str = "fp32"
+    device: str = "cpu"
+    drain_grace_seconds: float = 30.0
+    #: Times the backend's warm-up set runs before the self-check (same flag in the C++ server).
+    warmup_rounds: int = 1
+    # Access control (docs/contract.md): TLS with both files, a shared bearer token from a
+    # file (never a flag value, so it does not show in `ps`). None: off.
+    tls_cert_file: pathlib.Path | None = None
+    tls_key_file: pathlib.Path | None = None
+    auth_token_file: pathlib.Path | None = None
+    #: The token file's content, whitespace around it stripped; read once, at config time.
+    auth_token: str | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, flag: str, rule: str, value) -> None:
+            if not ok:
+                raise ConfigError(f"--{flag}: {rule}, got {value!r}")
+
+        check(self.transport in TRANSPORTS, "transport", f"must be one of {TRANSPORTS}", self.transport)
+        check(self.backend in BACKENDS, "backend", f"must be one of {BACKENDS}", self.backend)
+        check(self.batching in MODES, "batching", f"must be one of {MODES}", self.batching)
+        check(self.graph_optimization_level in GRAPH_LEVELS, "graph-optimization-level",
+              f"must be one of {GRAPH_LEVELS}", self.graph_optimization_level)
+        check(self.precision in PRECISIONS, "precision", f"must be one of {PRECISIONS}", self.precision)
+        check(self.precision != "int8" or self.backend == "onnxruntime", "precision",
+              "int8 needs --backend onnxruntime", self.precision)
+        check(self.precision not in ("bf16", "fp16") or self.backend != "onnxruntime", "precision",
+              "bf16/fp16 autocast needs --backend eager or compile", self.precision)
+        check(self.device in ("cpu", "cuda"), "device", "must be cpu or cuda", self.device)
+        for flag, value in (("port", self.port), ("metrics-port", self.metrics_port)):
+            check(0 <= value <= 65535, flag, "must be a port number 0..65535 (0: ephemeral)", value)
+        for flag, value in (("max-batch-size", self.max_batch_size), ("max-batch-tokens", self.max_batch_tokens),
+                            ("max-queue-sequences", self.max_queue_sequences),
+                            ("max-sequences-per-request", self.max_sequences_per_request),
+                            ("max-request-bytes", self.max_request_bytes),
+                            ("intra-op-threads", self.intra_op_threads),
+                            ("inter-op-threads", self.inter_op_threads),
+                            ("warmup-rounds", self.warmup_rounds)):
+            check(value >= 1, flag, "must be >= 1", value)
+        check(self.max_queue_delay_ms >= 0, "max-queue-delay-ms", "must be >= 0", self.max_queue_delay_ms)
+        check(self.drain_grace_seconds > 0, "drain-grace-seconds", "must be > 0", self.drain_grace_seconds)
+        check(self.max_sequences_per_request <= self.max_queue_sequences, "max-sequences-per-request",
+              f"must be <= --max-queue-sequences ({self.max_queue_sequences})", self.max_sequences_per_request)
+        self._check_access(check)
+        check((self.model / "manifest.json").is_file(), "model",
+              "must be a model repository with manifest.json (create one with `rmscore export`)", str(self.model))
+
+    def _check_access(self, check) -> None:
+        """Same rules and messages as the C++ server (server_cpp/src/config.cc)."""
+        cert, key = self.tls_cert_file, self.tls_key_file
+        check(cert is None or key is not None, "tls-cert-file",
+              "needs --tls-key-file too (TLS takes both or neither)", str(cert))
+        check(key is None or cert is not None, "tls-key-file",
+              "needs --tls-cert-file too (TLS takes both or neither)", str(key))
+        for flag, path in (("tls-cert-file", cert), ("tls-key-file", key)):
+            check(path is None or _read(path) is not None, flag, "cannot read the file", str(path))
+        if self.auth_token_file is None:
+            return
+        raw = _read(self.auth_token_file)
+        check(raw is not None, "auth-token-file", "cannot read the file", str(self.auth_token_file))
+        token = raw.strip(_SPACE)
+        check(bool(token), "auth-token-file", "the file holds no token", str(self.auth_token_file))
+        # The token itself is never printed, only its file.
+        check(set(token) <= _TOKEN_BYTES, "auth-token-file", "the token must be printable ASCII without spaces",
+              str(self.auth_token_file))
+        object.__setattr__(self, "auth_token", token.decode("ascii"))
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert_file is not None
+
+    @property
+    def planner(self) -> PlannerConfig:
+        return PlannerConfig(self.max_batch_size, self.max_batch_tokens,
+                             round(self.max_queue_delay_ms * 1000), self.batching)
+
+    @property
+    def server_kind(self) -> str:
+        return "py-grpc" if self.transport == "grpc" else "py-http"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = ServeConfig.__dataclass_fields__
+    p.add_argument("--transport", default=d["transport"].default, help="grpc or http (default: %(default)s)")
+    p.add_argument("--backend", default=d["backend"].default, help="eager, compile or onnxruntime (default: %(default)s)")
+    p.add_argument("--model", default="models/default", help="model repository (default: %(default)s)")
+    p.add_argument("--host", default=d["host"].default)
+    p.add_argument("--port", type=int, default=None, help="0: ephemeral (default: 50051 gRPC, 8000 HTTP)")
+    p.add_argument("--port-file", default=None, help="write {port, metrics_port} JSON here once bound")
+    for name in ("metrics_port", "max_batch_size", "max_batch_tokens", "max_queue_sequences",
+                 "max_sequences_per_request", "max_request_bytes", "intra_op_threads", "inter_op_threads",
+                 "warmup_rounds"):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=d[name].default, help="(default: %(default)s)")
+    for name in ("max_queue_delay_ms", "drain_grace_seconds"):
+        p.add_argument("--" + name.replace("_", "-"), type=float, default=d[name].default, help="(default: %(default)s)")
+    for name in ("batching", "graph_optimization_level", "precision", "device"):
+        p.add_argument("--" + name.replace("_", "-"), default=d[name].default, help="(default: %(default)s)")
+    p.add_argument("--tls-cert-file", default=None, help="PEM certificate chain: serve TLS (with --tls-key-file)")
+    p.add_argument("--tls-key-file", default=None, help="PEM private key of --tls-cert-file")
+    p.add_argument("--auth-token-file", default=None,
+                   help="file holding a shared bearer token required on every call but health")
+
+
+def from_args(a: argparse.Namespace) -> ServeConfig:
+    port = a.port if a.port is not None else (50051 if a.transport == "grpc" else 8000)
+    return ServeConfig(
+        model=pathlib.Path(a.model), transport=a.transport, backend=a.backend, host=a.host, port=port,
+        metrics_port=a.metrics_port, port_file=pathlib.Path(a.port_file) if a.port_file else None,
+        batching=a.batching, max_batch_size=a.max_batch_size, max_batch_tokens=a.max_batch_tokens,
+        max_queue_delay_ms=a.max_queue_delay_ms, max_queue_sequences=a.max_queue_sequences,
+        max_sequences_per_request=a.max_sequences_per_request, max_request_bytes=a.max_request_bytes,
+        intra_op_threads=a.intra_op_threads, inter_op_threads=a.inter_op_threads,
+        graph_optimization_level=a.graph_optimization_level, precision=a.precision, device=a.device,
+        drain_grace_seconds=a.drain_grace_seconds, warmup_rounds=a.warmup_rounds,
+        tls_cert_file=_path("tls-cert-file", a.tls_cert_file), tls_key_file=_path("tls-key-file", a.tls_key_file),
+        auth_token_file=_path("auth-token-file", a.auth_token_file))
+
+
+def _path(flag: str, value: str | None) -> pathlib.Path | None:
+    if value == "":  # pathlib would read it as "."
+        raise ConfigError(f"--{flag}: must not be empty")
+    return None if value is None else pathlib.Path(value)

@@ -1,0 +1,183 @@
+"""What both Python front ends share: config, model repository, backend, batcher, metrics, readiness.
+
+A front end only translates its transport to `ScoringCore.score` and back, and
+maps `ScoreError` once (errors.Code carries both the gRPC and the HTTP status).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pathlib
+import sys
+import threading
+import time
+
+from rmscore import runtimes
+from rmscore.core.batcher import Batcher, Result
+from rmscore.core.config import ServeConfig
+from rmscore.core.errors import Code, ScoreError
+from rmscore.core.metrics import Metrics
+from rmscore.model.repository import ModelRepo, load_repo
+from rmscore.core.validation import Limits, SeqInput, Validator
+
+WARMING_UP, SERVING, DRAINING, FAILED = "warming_up", "serving", "draining", "failed"
+
+
+class ScoringCore:
+    def __init__(self, cfg: ServeConfig):
+        self.cfg = cfg
+        self.repo: ModelRepo = load_repo(cfg.model)
+        self.metrics = Metrics(cfg.server_kind, cfg.backend)
+        self.metrics.build_info(self.repo.name, self.repo.version)
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(self.repo.tokenizer_path))
+        tok.no_padding()
+        tok.no_truncation()
+        self.tokenizer_json = self.repo.tokenizer_path.read_text()
+        self.validator = Validator(Limits(self.repo.max_sequence_length, self.repo.vocab_size,
+                                          cfg.max_sequences_per_request), tok)
+        self.state = WARMING_UP
+        self.failure: str | None = None
+        self.batcher: Batcher | None = None
+        self.backend = None
+        self._on_state: list = []
+        self._loader: threading.Thread | None = None
+        # Serialises the warm-up's "now SERVING" against SIGTERM's "now DRAINING".
+        self._state_lock = threading.Lock()
+
+    # ---- start-up -------------------------------------------------------------------------
+    def start_loading(self, on_state) -> None:
+        """Load, warm up and self-check in a thread; `on_state(state)` hears each change."""
+        self._on_state.append(on_state)
+        self._loader = threading.Thread(target=self._load, name="rmscore-load", daemon=True)
+        self._loader.start()
+
+    def _load(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.backend = runtimes.create(self.cfg, self.repo)
+            for _ in range(self.cfg.warmup_rounds):
+                if self.state != WARMING_UP:  # SIGTERM: a long --warmup-rounds must not hold the exit
+                    runtimes.progress("stopped during warm-up")
+                    return
+                self.backend.warmup(self.cfg.max_batch_size, self.repo.max_sequence_length)
+            diff = runtimes.self_check(self.backend, self.repo, self.cfg.precision)
+            runtimes.progress(f"self-check passed: max abs diff {diff:.2e} against the golden scores")
+            self._baseline_recompiles = self.backend.recompiles()
+            self.batcher = Batcher(self.cfg.planner, self.cfg.max_queue_sequences, self._score,
+                                   self.repo.pad_token_id, self.metrics)
+        except Exception as e:  # noqa: BLE001 - any load failure means "never ready", said clearly
+            self.failure = str(e)
+            runtimes.progress(f"FAILED to start: {e}")
+            self._set_state(FAILED)
+            return
+        with self._state_lock:
+            if self.state != WARMING_UP:  # SIGTERM came during warm-up: stay draining
+                self.batcher.begin_drain()
+                return
+            self._set_state(SERVING)
+        runtimes.progress(f"ready: SERVING after {time.perf_counter() - t0:.1f} s")
+
+    def _score(self, input_ids, attention_mask):
+        scores = self.backend.score(input_ids, attention_mask)
+        grown = self.backend.recompiles() - self._baseline_recompiles
+        if grown > 0:
+            self.metrics.recompiles(grown)
+            self._baseline_recompiles += grown
+        return scores
+
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        for cb in self._on_state:
+            cb(state)
+
+    # ---- requests --------------------------------------------------------------------------
+    def check_ready(self) -> None:
+        if self.state == SERVING:
+            return
+        reason = {WARMING_UP: "warming up", DRAINING: "draining"}.get(self.state, f"failed: {self.failure}")
+        raise ScoreError(Code.UNAVAILABLE, f"not ready: {reason}")
+
+    async def score(self, items: list[SeqInput], truncation: str, deadline_s: float | None) -> Result:
+        """Validate, queue, and await the scores; cancelling the awaiting task drops the sequences."""
+        self.check_ready()
+        if any(it.text is not None for it in items):
+            # Tokenizing text takes ~0.3 s per 120 KB: off the event loop, so other calls go on.
+            seqs = await asyncio.to_thread(self.validator.request, items, truncation)
+        else:
+            seqs = self.validator.request(items, truncation)
+        return await self.score_ids(seqs, deadline_s)
+
+    async def score_ids(self, seqs: list[list[int]], deadline_s: float | None) -> Result:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+
+        def done(outcome) -> None:
+            loop.call_soon_threadsafe(_resolve, fut, outcome)
+
+        req = self.batcher.submit(seqs, deadline_s, done)
+        self.metrics.in_flight(1)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self.batcher.cancel(req)
+            raise
+        finally:
+            self.metrics.in_flight(-1)
+
+    # ---- shutdown -------------------------------------------------------------------------
+    def begin_drain(self) -> None:
+        with self._state_lock:
+            self._set_state(DRAINING)
+            if self.batcher:
+                self.batcher.begin_drain()
+
+    def drain_deadline(self, t_signal: float) -> float:
+        """Until when (time.monotonic) accepted work may run after the signal at `t_signal`: the grace
+        less a reserve for failing what is left and closing the transport, so the process exits
+        within --drain-grace-seconds, as the C++ server does."""
+        grace = self.cfg.drain_grace_seconds
+        return t_signal + grace - self.shutdown_reserve_s()
+
+    def shutdown_reserve_s(self) -> float:
+        return min(2.0, self.cfg.drain_grace_seconds / 2)
+
+    def wait_drained(self, until: float) -> bool:
+        return self.batcher.wait_idle(max(0.0, until - time.monotonic())) if self.batcher else True
+
+    def stop(self, join_timeout_s: float = 30.0) -> None:
+        """Fail what is still queued (UNAVAILABLE), so every call ends, and stop the batcher."""
+        if self.batcher:
+            self.batcher.stop(join_timeout_s)
+
+    def exit(self, code: int) -> int:
+        """Return `code`, or leave at once when a batch is still in the model: a torch batch cannot
+        be interrupted and must not hold the exit past the grace, and ONNX Runtime aborts the
+        process ("terminate called") when the interpreter tears down under its running thread."""
+        loading = self._loader is not None and self._loader.is_alive()  # SIGTERM came mid-load/warm-up
+        if loading or (self.batcher and self.batcher.running()):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return code
+
+
+def _resolve(fut: asyncio.Future, outcome) -> None:
+    if fut.done():
+        return
+    if isinstance(outcome, ScoreError):
+        fut.set_exception(outcome)
+    else:
+        fut.set_result(outcome)
+
+
+def write_port_file(path: pathlib.Path | None, port: int, metrics_port: int) -> None:
+    print(f"rmscore listening port={port} metrics_port={metrics_port}", flush=True)
+    if path is None:
+        return
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"port": port, "metrics_port": metrics_port}))
+    tmp.rename(path)

@@ -1,0 +1,116 @@
+"""Request validation: transport-neutral sequences in, token-id lists out, or a ScoreError.
+
+Messages follow docs/contract.md word for word; the C++ server writes the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from rmscore.core.errors import invalid
+
+TRUNCATIONS = ("none", "left", "right")
+
+
+@dataclass(frozen=True)
+class SeqInput:
+    """Exactly one of `tokens` / `text` is set on a valid input; neither means 'no input set'."""
+
+    tokens: Sequence[int] | None = None
+    text: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_sequence_length: int
+    vocab_size: int
+    max_sequences_per_request: int
+
+
+class Validator:
+    def __init__(self, limits: Limits, tokenizer=None):
+        # `tokenizer`: a tokenizers.Tokenizer with padding and truncation off, or None (no text input).
+        self.limits = limits
+        self.tokenizer = tokenizer
+
+    def request(self, items: Sequence[SeqInput], truncation: str) -> list[list[int]]:
+        self.truncation(truncation)
+        n = len(items)
+        if n == 0:
+            raise invalid("sequences: empty request, send at least one sequence")
+        if n > self.limits.max_sequences_per_request:
+            raise invalid(f"sequences: {n} sequences exceed max_sequences_per_request "
+                          f"{self.limits.max_sequences_per_request}")
+        kinds = {("tokens" if it.tokens is not None else "text" if it.text is not None else None) for it in items}
+        if None not in kinds and len(kinds) > 1:
+            first = next(i for i, it in enumerate(items) if (it.text is not None) != (items[0].text is not None))
+            raise invalid(f"sequences[{first}]: mixes text and token ids in one request; "
+                          "send all token ids or all text")
+        return [self.sequence(it, truncation, f"sequences[{i}]") for i, it in enumerate(items)]
+
+    @staticmethod
+    def truncation(truncation) -> None:
+        """A front end passes an unknown wire value through as it came (proto3 enums are open), never as "none"."""
+        if truncation not in TRUNCATIONS:
+            raise invalid(f"truncation: unknown value {truncation}; "
+                          "send TRUNCATION_NONE, TRUNCATION_LEFT or TRUNCATION_RIGHT")
+
+    def sequence(self, item: SeqInput, truncation: str, where: str) -> list[int]:
+        self.truncation(truncation)
+        if item.tokens is not None and item.text is not None:  # only JSON can say both; protobuf's oneof cannot
+            raise invalid(f"{where}: sets both tokens and text; send one of them")
+        if item.tokens is not None:
+            ids = self._ids(item.tokens, where)
+        elif item.text is not None:
+            ids = self._tokenize(item.text, where)
+        else:
+            raise invalid(f"{where}: no input set, send tokens or text")
+        return self._fit(ids, truncation, where)
+
+    def _ids(self, tokens: Sequence[int], where: str) -> list[int]:
+        if len(tokens) == 0:
+            raise invalid(f"{where}.tokens.ids: empty sequence")
+        vocab = self.limits.vocab_size
+        try:
+            arr = np.asarray(tokens, dtype=np.int64) if not isinstance(tokens, np.ndarray) else tokens
+        except OverflowError:  # JSON integers have no bound; beyond int64 is outside the vocabulary too
+            arr = None
+        bad = [j for j, t in enumerate(tokens) if not 0 <= t < vocab][:1] if arr is None else \
+            np.flatnonzero((arr < 0) | (arr >= vocab))
+        if len(bad):
+            j = int(bad[0])
+            raise invalid(f"{where}.tokens.ids[{j}]: token id {int(tokens[j])} is outside the vocabulary "
+                          f"[0, {vocab})")
+        return arr.tolist()
+
+    def _tokenize(self, text: tuple[str, str], where: str) -> list[int]:
+        if self.tokenizer is None:
+            raise invalid(f"{where}.text: this server does not tokenize text; send token ids "
+                          "(tokenize with ModelInfo.tokenizer_json)")
+        prompt, response = text
+        if not prompt and not response:
+            raise invalid(f"{where}.text: prompt and response are both empty")
+        check_unicode(prompt, f"{where}.text.prompt")
+        check_unicode(response, f"{where}.text.response")
+        return self.tokenizer.encode(prompt, response).ids
+
+    def _fit(self, ids: list[int], truncation: str, where: str) -> list[int]:
+        m = self.limits.max_sequence_length
+        if len(ids) <= m:
+            return ids
+        if truncation == "left":
+            return ids[-m:]
+        if truncation == "right":
+            return ids[:m]
+        raise invalid(f"{where}: length {len(ids)} exceeds max_sequence_length {m} (set truncation to cut it)")
+
+
+def check_unicode(text: str, where: str) -> None:
+    """JSON's \\uD800-style escapes decode to unpaired surrogates, which no tokenizer takes (and UTF-8 cannot carry)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise invalid(f"{where}: not valid Unicode, unpaired surrogate at character {e.start}") from None

@@ -1,0 +1,273 @@
+"""The Python gRPC front end (grpc.aio): proto <-> ScoringCore, ScoreError -> status code."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from google.protobuf.message import DecodeError
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+from rmscore.core.config import ServeConfig
+from rmscore.core.errors import UNAUTHENTICATED_MESSAGE, Code, ScoreError, bearer_matches
+from rmscore_client.v1 import reward_pb2, reward_pb2_grpc
+from rmscore.core.validation import SeqInput
+from rmscore.core.scoring import SERVING, ScoringCore, write_port_file
+
+SERVICE = reward_pb2.DESCRIPTOR.services_by_name["RewardModel"].full_name
+TRUNC = {reward_pb2.TRUNCATION_NONE: "none", reward_pb2.TRUNCATION_LEFT: "left",
+         reward_pb2.TRUNCATION_RIGHT: "right"}
+
+
+class Malformed:
+    """What a request that does not parse becomes: grpc would answer UNKNOWN (a DecodeError raised in
+    its deserializer) and, in a stream, stop reading and stall; the contract says INVALID_ARGUMENT."""
+
+    def __init__(self, message_type):
+        self.message = f"request: malformed {message_type.DESCRIPTOR.name}: the bytes do not parse as protobuf"
+
+
+def _lenient(message_type):
+    def parse(data: bytes):
+        try:
+            return message_type.FromString(data)
+        except DecodeError:
+            return Malformed(message_type)
+    return parse
+
+
+def add_servicer(servicer, server) -> None:
+    """reward_pb2_grpc.add_RewardModelServicer_to_server, with deserializers that never raise."""
+    handlers = {
+        "Score": grpc.unary_unary_rpc_method_handler(
+            servicer.Score, request_deserializer=_lenient(reward_pb2.ScoreRequest),
+            response_serializer=reward_pb2.ScoreResponse.SerializeToString),
+        "ScoreStream": grpc.stream_stream_rpc_method_handler(
+            servicer.ScoreStream, request_deserializer=_lenient(reward_pb2.ScoreStreamRequest),
+            response_serializer=reward_pb2.ScoreStreamResponse.SerializeToString),
+        "GetModelInfo": grpc.unary_unary_rpc_method_handler(
+            servicer.GetModelInfo, request_deserializer=reward_pb2.GetModelInfoRequest.FromString,
+            response_serializer=reward_pb2.ModelInfo.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
+
+
+def seq_input(seq: reward_pb2.Sequence) -> SeqInput:
+    kind = seq.WhichOneof("input")
+    if kind == "tokens":
+        return SeqInput(tokens=seq.tokens.ids)
+    if kind == "text":
+        return SeqInput(text=(seq.text.prompt, seq.text.response))
+    return SeqInput()
+
+
+def _timings(r) -> reward_pb2.Timings:
+    return reward_pb2.Timings(total_ms=r.total_ms, inference_ms=r.inference_ms, queue_ms=r.queue_ms)
+
+
+def _deadline(context) -> float | None:
+    left = context.time_remaining()
+    return None if left is None else time.monotonic() + left
+
+
+class RewardModelServicer(reward_pb2_grpc.RewardModelServicer):
+    def __init__(self, core: ScoringCore):
+        self.core = core
+
+    async def Score(self, request, context):
+        t0 = time.perf_counter()
+        if isinstance(request, Malformed):
+            self.core.metrics.request(Code.INVALID_ARGUMENT.name, time.perf_counter() - t0)
+            await context.abort(Code.INVALID_ARGUMENT.grpc, request.message)
+        try:
+            # An unknown enum number goes through as itself, for the validator to refuse.
+            result = await self.core.score([seq_input(s) for s in request.sequences],
+                                           TRUNC.get(request.truncation, request.truncation), _deadline(context))
+        except ScoreError as e:
+            self.core.metrics.request(e.code.name, time.perf_counter() - t0)
+            await context.abort(e.code.grpc, e.message)
+        self.core.metrics.request("OK", time.perf_counter() - t0)
+        return reward_pb2.ScoreResponse(scores=result.scores, model_version=self.core.repo.version,
+                                        timings=_timings(result))
+
+    async def ScoreStream(self, request_iterator, context):
+        """Each item is scored on its own task; answers go out as soon as each is ready."""
+        answers: asyncio.Queue = asyncio.Queue()
+        deadline = _deadline(context)
+        tasks: set[asyncio.Task] = set()
+
+        async def one(item: reward_pb2.ScoreStreamRequest) -> None:
+            t0 = time.perf_counter()
+            try:
+                self.core.check_ready()
+                seq = self.core.validator.sequence(seq_input(item.sequence), TRUNC.get(item.truncation, item.truncation),
+                                                   "sequence")
+                r = await self.core.score_ids([seq], deadline)
+                resp = reward_pb2.ScoreStreamResponse(id=item.id, score=r.scores[0], timings=_timings(r),
+                                                      model_version=self.core.repo.version)
+                code = "OK"
+            except ScoreError as e:
+                resp = reward_pb2.ScoreStreamResponse(
+                    id=item.id, error=reward_pb2.Error(code=e.code.number, message=e.message),
+                    model_version=self.core.repo.version)
+                code = e.code.name
+            self.core.metrics.request(code, time.perf_counter() - t0)
+            await answers.put(resp)
+
+        async def reader() -> None:
+            async for item in request_iterator:
+                if isinstance(item, Malformed):  # no id to answer it by: the call ends, saying why
+                    await answers.put(item)
+                    return
+                t = asyncio.create_task(one(item))
+                tasks.add(t)
+                t.add_done_callback(tasks.discard)
+            while tasks:
+                await asyncio.gather(*list(tasks))
+            await answers.put(None)
+
+        read_task = asyncio.create_task(reader())
+        try:
+            while (resp := await answers.get()) is not None:
+                if isinstance(resp, Malformed):
+                    self.core.metrics.request(Code.INVALID_ARGUMENT.name, 0.0)
+                    await context.abort(Code.INVALID_ARGUMENT.grpc, resp.message)
+                yield resp
+        finally:
+            # The client went away (or the stream ended): drop whatever it still had queued.
+            read_task.cancel()
+            for t in list(tasks):
+                t.cancel()
+
+    async def GetModelInfo(self, request, context):
+        m = self.core.repo.manifest
+        return reward_pb2.ModelInfo(
+            name=m["name"], version=m["version"], architecture=m["architecture"], family=m["family"],
+            pooling=m["pooling"], max_sequence_length=m["max_sequence_length"], pad_token_id=m["pad_token_id"],
+            vocab_size=m["vocab_size"], max_sequences_per_request=self.core.cfg.max_sequences_per_request,
+            tokenizer_json=self.core.tokenizer_json, text_format=m["tokenizer"]["text_format"],
+            accepts_text=True, server=self.core.cfg.server_kind, backend=self.core.cfg.backend,
+            device=self.core.cfg.device)
+
+
+class TokenCheck(grpc.aio.ServerInterceptor):
+    """`authorization: Bearer <token>` on every call but grpc.health.v1.Health (probes send none);
+    reflection included, as in the C++ server, where gRPC core checks it before any service."""
+
+    def __init__(self, token: str, core: ScoringCore):
+        self.token, self.core = token, core
+
+    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
+        handler = await continuation(details)
+        if handler is None or details.method.startswith(f"/{health.SERVICE_NAME}/"):
+            return handler
+        given = next((v for k, v in details.invocation_metadata or () if k == "authorization"), None)
+        if bearer_matches(given, self.token):
+            return handler
+        self.core.metrics.request(Code.UNAUTHENTICATED.name, 0.0)
+        return _refusal(handler)
+
+
+def _refusal(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A handler of the same shape that refuses the call before reading anything."""
+    async def refuse(_request, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+
+    kw = dict(request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse, **kw)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(refuse, **kw)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(refuse, **kw)
+    return grpc.unary_unary_rpc_method_handler(refuse, **kw)
+
+
+async def serve(cfg: ServeConfig) -> int:
+    core = ScoringCore(cfg)
+    limit = cfg.max_request_bytes
+    interceptors = [TokenCheck(cfg.auth_token, core)] if cfg.auth_token else []
+    server = grpc.aio.server(interceptors=interceptors, options=[("grpc.max_receive_message_length", limit),
+                                      ("grpc.max_send_message_length", max(limit, 64 << 20)),
+                                      ("grpc.so_reuseport", 0)])
+    add_servicer(RewardModelServicer(core), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    address = f"{cfg.host}:{cfg.port}"
+    if cfg.tls:
+        creds = grpc.ssl_server_credentials([(cfg.tls_key_file.read_bytes(), cfg.tls_cert_file.read_bytes())])
+        port = server.add_secure_port(address, creds)
+    else:
+        port = server.add_insecure_port(address)
+    if port == 0:
+        print(f"rmscore serve: cannot bind {cfg.host}:{cfg.port}", flush=True)
+        return 1
+    metrics_server, _ = start_http_server(cfg.metrics_port, addr=cfg.host, registry=core.metrics.registry)
+    await server.start()
+
+    loop = asyncio.get_running_loop()
+    failed = asyncio.Event()
+
+    async def set_health(state: str) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if state == SERVING else \
+            health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE):
+            await health_servicer.set(name, status)
+        if state == "failed":
+            failed.set()
+
+    await set_health("warming_up")
+    write_port_file(cfg.port_file, port, metrics_server.server_port)
+    core.start_loading(lambda s: asyncio.run_coroutine_threadsafe(set_health(s), loop))
+
+    stop = asyncio.Event()
+
+    async def not_serving_then_refuse() -> None:
+        # Health says NOT_SERVING before the first call is refused (docs/hardening.md, drain). The
+        # servicer's set() takes an uncontended asyncio lock: no Score call runs in between.
+        await set_health("draining")
+        core.begin_drain()
+
+    t_signal: list[float] = []
+
+    def on_signal() -> None:
+        if not stop.is_set():
+            t_signal.append(time.monotonic())
+            loop.create_task(not_serving_then_refuse())
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    done, _ = await asyncio.wait([asyncio.create_task(stop.wait()), asyncio.create_task(failed.wait())],
+                                 return_when=asyncio.FIRST_COMPLETED)
+    if failed.is_set() and not stop.is_set():
+        await server.stop(0)
+        metrics_server.shutdown()
+        return 1
+    # Drain: NOT_SERVING, new work refused (on_signal), finish what was accepted, then go.
+    await set_health("draining")
+    core.begin_drain()  # already done by on_signal's task, unless the warm-up failed first
+    until = core.drain_deadline(t_signal[0])
+    drained = await asyncio.to_thread(core.wait_drained, until)
+    # Queued work fails UNAVAILABLE while the transport can still carry the answers; a batch in
+    # the model gets what is left of the reserve, then gRPC closes the calls still open.
+    reserve_end = until + core.shutdown_reserve_s()
+    await asyncio.to_thread(core.stop, max(0.0, (reserve_end - time.monotonic()) / 2))
+    await server.stop(grace=max(0.1, reserve_end - time.monotonic() - 0.2))
+    metrics_server.shutdown()
+    print(f"rmscore: stopped ({'drained' if drained else 'grace period ran out'}) "
+          f"{time.monotonic() - t_signal[0]:.2f} s after the signal", flush=True)
+    return core.exit(0)
+
+
+def run(cfg: ServeConfig) -> int:
+    return asyncio.run(serve(cfg))
+
+
+__all__ = ["run", "Code"]

@@ -1,0 +1,318 @@
+"""The FastAPI front end: JSON <-> ScoringCore, ScoreError -> HTTP status, on uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from typing import Literal
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from rmscore.core.config import ServeConfig
+from rmscore.core.errors import UNAUTHENTICATED_MESSAGE, Code, ScoreError, bearer_matches
+from rmscore.core.validation import SeqInput
+from rmscore.frontends import openrlhf
+from rmscore.core.scoring import SERVING, ScoringCore, write_port_file
+
+
+class SequenceIn(BaseModel):
+    """One sequence: `tokens` (ids) or `prompt` + `response` (text)."""
+
+    model_config = ConfigDict(extra="forbid")
+    # Strict: "101", 101.0 and true are not token ids (lax mode read them as 101, 101, 1).
+    tokens: list[StrictInt] | None = None
+    prompt: str | None = None
+    response: str | None = None
+
+
+class ScoreIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    sequences: list[SequenceIn]
+    truncation: Literal["none", "left", "right"] = "none"
+    timeout_ms: float | None = Field(default=None, gt=0, description="deadline for this request")
+
+
+class TimingsOut(BaseModel):
+    total_ms: float
+    inference_ms: float
+    queue_ms: float
+
+
+class ScoreOut(BaseModel):
+    scores: list[float]
+    model_version: str
+    timings: TimingsOut
+
+
+def _seq_input(s: SequenceIn) -> SeqInput:
+    # Both kept when both are sent: the validator refuses that rather than letting tokens win.
+    text = (s.prompt or "", s.response or "") if s.prompt is not None or s.response is not None else None
+    return SeqInput(tokens=s.tokens, text=text)
+
+
+# A deadline further away than this is no deadline (1e308 ms overflowed asyncio's timer: a 500).
+NO_DEADLINE_MS = 365 * 24 * 3600 * 1e3
+
+
+def _error(code: Code, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"code": code.name, "message": message}}, status_code=code.http)
+
+
+def create_app(core: ScoringCore) -> FastAPI:
+    app = FastAPI(title="rmscore", description="Reward-model scoring (same contract as the gRPC servers)")
+
+    @app.exception_handler(RequestValidationError)
+    async def malformed(request: Request, exc: RequestValidationError):
+        core.metrics.request(Code.INVALID_ARGUMENT.name, None)
+        first = exc.errors()[0]
+        if first["type"] == "json_invalid":
+            reason = (first.get("ctx") or {}).get("error", first["msg"])
+            return _error(Code.INVALID_ARGUMENT, f"body: malformed JSON at character {first['loc'][-1]}: {reason}")
+        where = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
+        return _error(Code.INVALID_ARGUMENT, f"{where}: {first['msg']}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def undecodable(request: Request, exc: StarletteHTTPException):
+        # FastAPI answers 400 {"detail": ...} to a body json.loads cannot decode at all
+        # (not UTF-8, nested too deeply); the contract's answer to malformed JSON is 422.
+        if exc.status_code != 400:
+            return await http_exception_handler(request, exc)
+        core.metrics.request(Code.INVALID_ARGUMENT.name, None)
+        cause = exc.__cause__
+        reason = ("not UTF-8 text" if isinstance(cause, UnicodeDecodeError) else
+                  "nested too deeply" if isinstance(cause, RecursionError) else exc.detail)
+        return _error(Code.INVALID_ARGUMENT, f"body: malformed JSON: {reason}")
+
+    @app.post("/v1/score", response_model=ScoreOut)
+    async def score(body: ScoreIn):
+        t0 = time.perf_counter()
+        if body.timeout_ms is not None and body.timeout_ms > NO_DEADLINE_MS:  # as the C++ server reads it
+            body.timeout_ms = None
+        deadline = None if body.timeout_ms is None else time.monotonic() + body.timeout_ms / 1e3
+        try:
+            if deadline is None:
+                r = await core.score([_seq_input(s) for s in body.sequences], body.truncation, None)
+            else:
+                r = await asyncio.wait_for(
+                    core.score([_seq_input(s) for s in body.sequences], body.truncation, deadline),
+                    body.timeout_ms / 1e3)
+        except ScoreError as e:
+            core.metrics.request(e.code.name, time.perf_counter() - t0)
+            return _error(e.code, e.message)
+        except asyncio.TimeoutError:
+            core.metrics.request(Code.DEADLINE_EXCEEDED.name, time.perf_counter() - t0)
+            return _error(Code.DEADLINE_EXCEEDED, "deadline exceeded before scoring")
+        core.metrics.request("OK", time.perf_counter() - t0)
+        return {"scores": r.scores, "model_version": core.repo.version,
+                "timings": {"total_ms": r.total_ms, "inference_ms": r.inference_ms, "queue_ms": r.queue_ms}}
+
+    @app.get("/v1/model")
+    async def model():
+        m = core.repo.manifest
+        return {"name": m["name"], "version": m["version"], "architecture": m["architecture"],
+                "family": m["family"], "pooling": m["pooling"], "max_sequence_length": m["max_sequence_length"],
+                "pad_token_id": m["pad_token_id"], "vocab_size": m["vocab_size"],
+                "max_sequences_per_request": core.cfg.max_sequences_per_request,
+                "text_format": m["tokenizer"]["text_format"], "accepts_text": True,
+                "server": core.cfg.server_kind, "backend": core.cfg.backend, "device": core.cfg.device}
+
+    @app.get("/v1/tokenizer")
+    async def tokenizer():
+        return Response(core.tokenizer_json, media_type="application/json")
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"status": "alive"}
+
+    @app.get("/readyz")
+    async def readyz():
+        ok = core.state == SERVING
+        return JSONResponse({"status": core.state}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(core.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    openrlhf.register(app, core)  # POST /get_reward, OpenRLHF's remote reward protocol
+    return app
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class _LimitBody:
+    """ASGI middleware: refuse bodies over max_request_bytes with 413 before parsing them, by
+    Content-Length, or, for a chunked body, by the bytes read so far (it was read and parsed whole)."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    def _refuse(self, what: str) -> JSONResponse:
+        return JSONResponse({"error": {"code": "RESOURCE_EXHAUSTED",
+                                       "message": f"body of {what} bytes exceeds max_request_bytes {self.limit}"}},
+                            status_code=413)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and int(length) > self.limit:
+            return await self._refuse(str(int(length)))(scope, receive, send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _BodyTooLarge()
+            return message
+
+        async def guarded_send(message):
+            if seen <= self.limit:  # the app's own answer to the aborted read is replaced below
+                await send(message)
+
+        try:
+            await self.app(scope, counted, guarded_send)
+        except _BodyTooLarge:
+            pass
+        if seen > self.limit:
+            await self._refuse(f"more than {seen}")(scope, receive, send)
+
+
+class _CancelOnDisconnect:
+    """ASGI middleware: a client that disconnects before its answer cancels its handler, so its queued
+    sequences are dropped (ScoringCore.score_ids) instead of costing model time, as the gRPC servers do
+    on a cancelled call. Once the body is read, uvicorn's next receive() message is http.disconnect,
+    sent when the connection is lost or the response is complete; only the former cancels."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        body_read = asyncio.Event()
+        answered = False
+        watcher: asyncio.Task | None = None
+
+        async def watch():
+            await body_read.wait()
+            return await receive()
+
+        async def app_receive():
+            if body_read.is_set():  # the app listens for the end too: share the watcher's receive
+                return await asyncio.shield(watcher)
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body"):
+                body_read.set()
+            return message
+
+        async def app_send(message):
+            nonlocal answered
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                answered = True
+            await send(message)
+
+        watcher = asyncio.ensure_future(watch())
+        handler = asyncio.ensure_future(self.app(scope, app_receive, app_send))
+        try:
+            await asyncio.wait({handler, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not handler.done() and not answered and watcher.done() and not watcher.cancelled() \
+                    and watcher.result()["type"] == "http.disconnect":
+                handler.cancel()
+            await asyncio.gather(handler, return_exceptions=True)
+            if not handler.cancelled() and handler.exception() is not None:
+                raise handler.exception()
+        finally:
+            watcher.cancel()
+            handler.cancel()
+
+
+class _TokenCheck:
+    """ASGI middleware: `Authorization: Bearer <token>` on every path but the probes' (/healthz,
+    /readyz) and /metrics (unauthenticated on every server kind: the gRPC servers serve it on
+    their own metrics port). Outermost, so nothing else runs for a refused call."""
+
+    OPEN = frozenset({"/healthz", "/readyz", "/metrics"})
+
+    def __init__(self, app, token: str, core: ScoringCore):
+        self.app, self.token, self.core = app, token, core
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] not in self.OPEN:
+            given = next((v for k, v in scope.get("headers") or () if k == b"authorization"), None)
+            if not bearer_matches(given, self.token):
+                self.core.metrics.request(Code.UNAUTHENTICATED.name, 0.0)
+                resp = _error(Code.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+                resp.headers["WWW-Authenticate"] = "Bearer"
+                return await resp(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+class _DrainingServer(uvicorn.Server):
+    """On SIGTERM: report not ready and refuse new work, finish accepted work, then let uvicorn close."""
+
+    def __init__(self, config, core: ScoringCore):
+        super().__init__(config)
+        self.core = core
+        self._draining = False
+
+    def handle_exit(self, sig, frame) -> None:
+        if self._draining:
+            return super().handle_exit(sig, frame)
+        self._draining = True
+        self.core.begin_drain()
+        until = self.core.drain_deadline(time.monotonic())
+
+        def finish() -> None:
+            drained = self.core.wait_drained(until)
+            # As on gRPC: queued work fails 503 while connections can still carry the answers, and
+            # uvicorn gets only what is left of the reserve, so the exit comes within the grace.
+            reserve_end = until + self.core.shutdown_reserve_s()
+            self.core.stop(max(0.0, (reserve_end - time.monotonic()) / 2))
+            self.config.timeout_graceful_shutdown = max(0.1, reserve_end - time.monotonic() - 0.2)
+            print(f"rmscore: stopped ({'drained' if drained else 'grace period ran out'})", flush=True)
+            self.should_exit = True
+
+        import threading
+
+        threading.Thread(target=finish, daemon=True).start()
+
+
+def run(cfg: ServeConfig) -> int:
+    core = ScoringCore(cfg)
+    app = create_app(core)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((cfg.host, cfg.port))
+    port = sock.getsockname()[1]
+    asgi = _LimitBody(_CancelOnDisconnect(app), cfg.max_request_bytes)
+    if cfg.auth_token:
+        asgi = _TokenCheck(asgi, cfg.auth_token, core)
+    tls = dict(ssl_certfile=str(cfg.tls_cert_file), ssl_keyfile=str(cfg.tls_key_file)) if cfg.tls else {}
+    config = uvicorn.Config(asgi, log_level="warning", timeout_graceful_shutdown=int(cfg.drain_grace_seconds),
+                            access_log=False, **tls)
+    server = _DrainingServer(config, core)
+    write_port_file(cfg.port_file, port, port)
+    failed = []
+
+    def on_state(state: str) -> None:
+        if state == "failed":  # never ready: exit rather than answer 503 forever
+            failed.append(state)
+            server.should_exit = True
+
+    core.start_loading(on_state)
+    server.run(sockets=[sock])
+    core.stop(join_timeout_s=0.0)  # a batch still in the model must not hold the exit past the grace
+    return core.exit(1 if failed else 0)

@@ -1,0 +1,489 @@
+"""The Grafana dashboards and Prometheus rules against real servers and a real Prometheus.
+
+Grafana itself cannot be installed here, so its dashboards are checked the way
+Grafana would use them: every panel's PromQL (template variables substituted)
+goes through Prometheus's HTTP API, and a panel whose query returns no data
+fails. The Prometheus is started by this module on 127.0.0.1 (ephemeral port,
+temporary TSDB) with the committed docker/prometheus/prometheus.yml, its
+compose DNS targets rewritten to local servers, a 1 s scrape interval and the
+committed rules.yml loaded. The servers are the real ones (tests/servers.py):
+py-grpc-onnxruntime, py-http-onnxruntime and cpp-grpc when it is built; a
+short, bounded load with a few invalid requests gives every panel data,
+error panels included.
+
+The static checks at the top (panel datasources, known metric and rule names)
+run without Prometheus; the live ones skip only when `prometheus` is not
+installed (scripts/setup.sh installs it).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import pathlib
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import httpx
+import pytest
+import yaml
+
+import servers
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PROM_DIR = ROOT / "docker" / "prometheus"
+PROM_CONFIG = PROM_DIR / "prometheus.yml"
+RULES = PROM_DIR / "rules.yml"
+GRAFANA = ROOT / "docker" / "grafana"
+DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
+DATASOURCES = GRAFANA / "provisioning" / "datasources" / "prometheus.yml"
+METRICS = json.loads((ROOT / "server_py" / "rmscore" / "core" / "metrics.json").read_text())
+
+# test server kind -> the compose service that runs it (docker-compose.yml)
+SERVICE_OF_KIND = {
+    "py-grpc-onnxruntime": "py-grpc-onnxruntime",
+    "py-http-onnxruntime": "py-http",
+    "cpp-grpc": "cpp-grpc",
+}
+# Grafana's built-in variables, as Grafana would fill them for a 30 min view at 1 s scrapes
+GRAFANA_BUILTINS = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "30m"}
+LOAD_SECONDS = 6.0
+MAX_REQUESTS_PER_SERVER = 150
+TRICKLE_MAX = 600  # 5 min at 2/s: more than the checks take
+
+
+# ---------------------------------------------------------------------------
+# reading the committed files
+
+
+def load_rules() -> list[dict]:
+    return [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+
+
+def iter_panels(panels: list[dict]):
+    for p in panels:
+        yield p
+        yield from iter_panels(p.get("panels", []))  # rows (collapsed ones hold their panels)
+
+
+def panel_queries() -> list[tuple[str, dict, str, str]]:
+    """(dashboard file, dashboard, panel title / refId, expr) for every query target of every panel."""
+    out = []
+    for path in DASHBOARDS:
+        d = json.loads(path.read_text())
+        for p in iter_panels(d["panels"]):
+            for t in p.get("targets", []):
+                out.append((path.name, d, f"{p['title']} / {t['refId']}", t["expr"]))
+    return out
+
+
+def known_metric_names() -> set[str]:
+    names = {"up"}
+    for m in METRICS["metrics"]:
+        n = m["name"]
+        names.add(n)
+        if m["type"] == "histogram":
+            names |= {n + "_bucket", n + "_sum", n + "_count"}
+    return names
+
+
+def metric_names_in(expr: str) -> set[str]:
+    """The series names an expression reads: rmscore_* metrics and level:metric:op rule names."""
+    expr = re.sub(r'"[^"]*"', '""', expr)  # label values are not names
+    return set(re.findall(r"\b(?:rmscore_\w+|\w+:[\w:]+)", expr)) - {"le"}
+
+
+# ---------------------------------------------------------------------------
+# static checks (no Prometheus needed)
+
+
+def test_dashboards_use_the_provisioned_datasource():
+    uid = yaml.safe_load(DATASOURCES.read_text())["datasources"][0]["uid"]
+    assert len(DASHBOARDS) >= 2, "expected the per-server and the comparison dashboard"
+    uids = set()
+    for path in DASHBOARDS:
+        d = json.loads(path.read_text())
+        assert d["uid"] not in uids, f"{path.name}: duplicate dashboard uid {d['uid']}"
+        uids.add(d["uid"])
+        ids = [p["id"] for p in iter_panels(d["panels"])]
+        assert len(ids) == len(set(ids)), f"{path.name}: duplicate panel ids"
+        for p in iter_panels(d["panels"]):
+            if p["type"] == "row":
+                continue
+            assert p["datasource"]["uid"] == uid, f"{path.name} / {p['title']}: datasource {p['datasource']}"
+            assert p.get("targets"), f"{path.name} / {p['title']}: no query"
+            for t in p["targets"]:
+                assert t["datasource"]["uid"] == uid and t["expr"].strip(), f"{path.name} / {p['title']} / {t['refId']}"
+        for v in d["templating"]["list"]:
+            assert v["datasource"]["uid"] == uid, f"{path.name}: variable {v['name']}"
+
+
+def test_queries_and_rules_read_only_known_series():
+    recorded = {r["record"] for r in load_rules()}
+    known = known_metric_names()
+    for name, _, where, expr in panel_queries():
+        unknown = metric_names_in(expr) - known - recorded
+        assert not unknown, f"{name} / {where}: {sorted(unknown)} is neither in metrics.json nor recorded in rules.yml"
+    for r in load_rules():
+        unknown = metric_names_in(r["expr"]) - known - recorded
+        assert not unknown, f"rule {r['record']}: unknown series {sorted(unknown)}"
+        # a rule must keep server and backend, or the dashboards cannot tell the servers apart
+        assert "by (server, backend" in r["expr"], f"rule {r['record']} drops server/backend: {r['expr']}"
+
+
+def test_every_recording_rule_is_shown_somewhere():
+    shown = set().union(*(metric_names_in(e) for *_, e in panel_queries()))
+    unused = {r["record"] for r in load_rules()} - shown
+    assert not unused, f"recorded but on no dashboard: {sorted(unused)}"
+
+
+def test_rules_pass_promtool():
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool is not installed (scripts/setup.sh installs the prometheus package)")
+    r = subprocess.run(["promtool", "check", "rules", str(RULES)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+# ---------------------------------------------------------------------------
+# the live stack: servers + Prometheus
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def local_prometheus_config(committed: dict, targets: dict[str, str], self_address: str, rules_path: str) -> dict:
+    """The committed config with its compose targets replaced by local ones.
+
+    `targets` maps a compose service name to a local host:port. Every job keeps
+    its name and relabelling; DNS discovery becomes static targets carrying the
+    `service` label that the relabelling would have set. Services with no local
+    server are dropped; a local server whose service the committed config does
+    not scrape is an error.
+    """
+    cfg = copy.deepcopy(committed)
+    cfg["global"].update(scrape_interval="1s", scrape_timeout="1s", evaluation_interval="1s")
+    cfg["rule_files"] = [rules_path]
+    covered = set()
+    for job in cfg["scrape_configs"]:
+        for sc in job.get("static_configs", []):
+            sc["targets"] = [self_address if t.startswith("localhost:9090") else t for t in sc["targets"]]
+        static = []
+        for sd in job.pop("dns_sd_configs", []):
+            for name in sd["names"]:
+                if name in targets:
+                    static.append({"targets": [targets[name]], "labels": {"service": name}})
+                    covered.add(name)
+        if static:
+            job.setdefault("static_configs", []).extend(static)
+        if not job.get("static_configs"):
+            job["static_configs"] = [{"targets": []}]
+    missing = set(targets) - covered
+    assert not missing, f"prometheus.yml scrapes no compose service named {sorted(missing)}"
+    return cfg
+
+
+class Prometheus:
+    def __init__(self, config: dict, workdir: pathlib.Path, port: int):
+        self.url = f"http://127.0.0.1:{port}"
+        self.config_path = workdir / "prometheus.yml"
+        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.log_path = workdir / "prometheus.log"
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            ["prometheus", f"--config.file={self.config_path}", f"--storage.tsdb.path={workdir / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h",
+             "--log.level=warn"],
+            stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"prometheus exited {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/-/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"prometheus not ready:\n{self.log()}")
+
+    def api(self, path: str, **params) -> dict:
+        r = httpx.get(self.url + "/api/v1/" + path, params=params, timeout=10)
+        body = r.json()
+        assert body.get("status") == "success", f"{path} {params}: {body}"
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict]:
+        data = self.api("query", query=expr)
+        assert data["resultType"] == "vector", f"{expr}: {data['resultType']}"
+        return data["result"]
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def finite(result: list[dict]) -> list[dict]:
+    return [s for s in result if math.isfinite(float(s["value"][1]))]
+
+
+# -- load ----------------------------------------------------------------------
+
+
+def random_tokens(rng: random.Random) -> list[int]:
+    n = rng.choice([8, 16, 24, 48, 96, 160])
+    return [101] + [rng.randrange(1000, 30000) for _ in range(n - 2)] + [102]
+
+
+def drive(server: servers.RunningServer, seed: int, stop: threading.Event | None = None) -> dict[str, int]:
+    """A few seconds of small concurrent requests, then a few invalid ones; bounded in count and time.
+
+    With `stop`, it then keeps a trickle going (one request every 0.5 s, an invalid
+    one every 5 s) until `stop` is set, so the 1 m rate windows stay filled while
+    the checks run, however slow the machine; at most TRICKLE_MAX requests.
+    """
+    from rmscore_client.v1 import reward_pb2 as pb
+    from rmscore_client.v1 import reward_pb2_grpc as pbg
+
+    counts = {"ok": 0, "invalid": 0}
+    lock = threading.Lock()
+    sent = iter(range(MAX_REQUESTS_PER_SERVER))
+    deadline = time.monotonic() + LOAD_SECONDS
+
+    if server.transport == "grpc":
+        channel = grpc.insecure_channel(server.target)
+        stub = pbg.RewardModelStub(channel)
+
+        def call(seqs: list[list[int]]) -> bool:
+            req = pb.ScoreRequest(sequences=[pb.Sequence(tokens=pb.TokenIds(ids=s)) for s in seqs])
+            try:
+                stub.Score(req, timeout=30)
+                return True
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
+                return False
+    else:
+        http = httpx.Client(base_url=server.base_url, timeout=30)
+
+        def call(seqs: list[list[int]]) -> bool:
+            r = http.post("/v1/score", json={"sequences": [{"tokens": s} for s in seqs]})
+            assert r.status_code in (200, 422), r.text
+            return r.status_code == 200
+
+    def worker(wid: int) -> None:
+        rng = random.Random(seed * 100 + wid)
+        while time.monotonic() < deadline and next(sent, None) is not None:
+            ok = call([random_tokens(rng) for _ in range(rng.randint(1, 4))])
+            with lock:
+                counts["ok"] += ok
+            time.sleep(rng.uniform(0.005, 0.03))
+
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(worker, range(4)))
+        # invalid requests, so the error panels have data: empty request, id out of range
+        for bad in ([], [[101, 30522, 102]], [], [[101, 99999, 102]]):
+            assert not call(bad)
+            counts["invalid"] += 1
+        rng = random.Random(seed)
+        for i in range(TRICKLE_MAX):
+            if stop is None or stop.wait(0.5):
+                break
+            if i % 10 == 9:
+                call([])
+            else:
+                call([random_tokens(rng)])
+    finally:
+        channel.close() if server.transport == "grpc" else http.close()
+    return counts
+
+
+@pytest.fixture(scope="module")
+def stack():
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus is not installed (scripts/setup.sh installs the Debian package)")
+    available = set(servers.available_kinds())
+    kinds = [k for k in SERVICE_OF_KIND if k in available]
+    assert kinds, f"no server kind to run (RMSCORE_TEST_KINDS={available})"
+    started: list[servers.RunningServer] = []
+    prom = stop = None
+    work = pathlib.Path(tempfile.mkdtemp(prefix="rmscore-prometheus-"))
+    try:
+        # start all, then wait: the warm-ups overlap
+        for k in kinds:
+            started.append(servers.start(k, wait_ready=False))
+        deadline = time.monotonic() + 400
+        for s in started:
+            servers.wait_until_ready(s, deadline)
+
+        port = free_port()
+        targets = {SERVICE_OF_KIND[s.kind]: f"127.0.0.1:{s.metrics_port}" for s in started}
+        config = local_prometheus_config(yaml.safe_load(PROM_CONFIG.read_text()), targets,
+                                         f"127.0.0.1:{port}", str(RULES))
+        prom = Prometheus(config, work, port)
+        prom.wait_ready()
+        # load only once every server has been scraped, so rates see the increase
+        wait_for(lambda: len([t for t in prom.api("targets")["activeTargets"]
+                              if t["labels"]["job"] == "rmscore" and t["health"] == "up"]) == len(started),
+                 "every server scraped", prom)
+        stop = threading.Event()
+        loader = ThreadPoolExecutor(len(started))
+        futures = {s.kind: loader.submit(drive, s, i, stop) for i, s in enumerate(started)}
+        time.sleep(LOAD_SECONDS + 2)  # the burst; the trickle goes on in the background
+        # until every rule has a finite value for every server (rules run every 1 s)
+        rules = load_rules()
+        wait_for(lambda: all(len(finite(prom.query(r["record"] + label_selector(r)))) >= len(started) for r in rules),
+                 "every recording rule evaluated for every server", prom, timeout_s=45)
+        yield {"prom": prom, "servers": started, "futures": futures}
+    finally:
+        if stop is not None:
+            stop.set()
+            loader.shutdown(wait=True)
+        if prom is not None:
+            prom.stop()
+        for s in started:
+            s.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def label_selector(rule: dict) -> str:
+    labels = rule.get("labels") or {}
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else ""
+
+
+def wait_for(cond, what: str, prom: Prometheus, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; prometheus log:\n{prom.log()[-3000:]}")
+        time.sleep(0.5)
+
+
+# -- live checks ----------------------------------------------------------------
+
+
+def test_prometheus_scrapes_every_server(stack):
+    prom = stack["prom"]
+    up = prom.query('up{job="rmscore"}')
+    assert {s["metric"]["service"] for s in up if s["value"][1] == "1"} == {
+        SERVICE_OF_KIND[s.kind] for s in stack["servers"]}
+    info = prom.query("rmscore_build_info")
+    assert len({(s["metric"]["server"], s["metric"]["backend"]) for s in info}) == len(stack["servers"])
+    for kind, future in stack["futures"].items():
+        if future.done():  # the load threads raise on unexpected answers
+            future.result()
+
+
+def test_every_recording_rule_evaluates(stack):
+    prom = stack["prom"]
+    groups = prom.api("rules")["groups"]
+    loaded = [r for g in groups for r in g["rules"]]
+    assert len(loaded) == len(load_rules()), "rules.yml was not loaded whole"
+    bad = [f"{r['name']}: {r.get('lastError')}" for r in loaded if r["health"] != "ok"]
+    assert not bad, bad
+    n = len(stack["servers"])
+    for r in load_rules():
+        q = r["record"] + label_selector(r)
+        got = finite(prom.query(q))
+        assert len(got) >= n, f"{q}: finite for {len(got)} of {n} servers: {prom.query(q)}"
+
+
+def variable_assignments(dashboard: dict, prom: Prometheus) -> list[dict[str, str]]:
+    """'All' for every variable, then each value of each variable in turn (chained ones resolved)."""
+    variables = dashboard["templating"]["list"]
+    if not variables:
+        return [{}]
+    for v in variables:
+        assert v["type"] == "query" and v["query"]["query"].startswith("label_values("), v["name"]
+    all_ = {v["name"]: v.get("allValue") or ".*" for v in variables}
+    out = [all_]
+
+    def values(v: dict, assigned: dict[str, str]) -> list[str]:
+        m = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", v["query"]["query"].strip())
+        assert m, v["query"]["query"]
+        selector, label = substitute(m.group(1), assigned), m.group(2)
+        vals = sorted({s[label] for s in prom.api("series", **{"match[]": selector}) if label in s})
+        assert vals, f"variable {v['name']}: {v['query']['query']} has no values"
+        return vals
+
+    def expand(i: int, assigned: dict[str, str]) -> None:
+        if i == len(variables):
+            out.append(dict(assigned))
+            return
+        for val in values(variables[i], assigned):
+            expand(i + 1, {**assigned, variables[i]["name"]: grafana_regex_escape(val)})
+
+    expand(0, dict(all_))
+    return out
+
+
+def grafana_regex_escape(value: str) -> str:
+    """What Grafana does to a variable's value used in a PromQL regex: escape regex characters, doubled for the string."""
+    return re.sub(r"([\\^$*+?.()|\[\]{}])", r"\\\\\1", value)
+
+
+def substitute(expr: str, assigned: dict[str, str]) -> str:
+    for k, v in {**GRAFANA_BUILTINS, **{"$" + n: val for n, val in assigned.items()}}.items():
+        expr = expr.replace("${" + k[1:] + "}", v).replace(k, v)
+    return expr
+
+
+def test_every_dashboard_panel_returns_data(stack):
+    prom = stack["prom"]
+    failures, checked = [], 0
+    by_dashboard: dict[str, list] = {}
+    for name, d, where, expr in panel_queries():
+        by_dashboard.setdefault(name, [d, []])[1].append((where, expr))
+    for name, (d, queries) in by_dashboard.items():
+        for assigned in variable_assignments(d, prom):
+            for where, expr in queries:
+                q = substitute(expr, assigned)
+                if "$" in q:
+                    failures.append(f"{name} / {where}: unresolved variable in {q}")
+                    continue
+                checked += 1
+                try:
+                    got = finite(prom.query(q))
+                except AssertionError as e:
+                    failures.append(f"{name} / {where} {assigned}: query failed: {e}")
+                    continue
+                if not got:
+                    failures.append(f"{name} / {where} {assigned}: no data for {q}")
+    assert not failures, f"{len(failures)} of {checked} panel queries without data:\n" + "\n".join(failures)
+    assert checked >= 30
+
+
+def test_comparison_dashboard_shows_every_server(stack):
+    """The side-by-side dashboard must draw one series per running server in each per-server panel."""
+    prom = stack["prom"]
+    d = json.loads((GRAFANA / "dashboards" / "rmscore-compare.json").read_text())
+    kinds = {(s["metric"]["server"], s["metric"]["backend"]) for s in prom.query("rmscore_build_info")}
+    for p in iter_panels(d["panels"]):
+        for t in p.get("targets", []):
+            if "server_backend" not in t["expr"] or "code" in t["expr"]:
+                continue  # error-code panels show only the codes that occurred
+            got = {(s["metric"]["server"], s["metric"]["backend"]) for s in finite(prom.query(substitute(t["expr"], {})))}
+            assert got == kinds, f"{p['title']}: series for {sorted(got)}, servers {sorted(kinds)}"

@@ -1,0 +1,32 @@
+"""The Python planner against the shared batching vectors (the C++ planner runs the same file)."""
+
+import json
+import pathlib
+
+import pytest
+
+from rmscore.core.planner import PlannerConfig, Waiting, plan
+
+VECTORS = json.loads((pathlib.Path(__file__).resolve().parents[2] / "contract" / "batching_vectors.json").read_text())
+CASES = VECTORS["hand"] + VECTORS["generated"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_planner_matches_vector(case):
+    c = case["config"]
+    cfg = PlannerConfig(c["max_batch_size"], c["max_batch_tokens"], c["max_queue_delay_us"], c["mode"])
+    d = plan([Waiting(**w) for w in case["waiting"]], case["now_us"], cfg)
+    assert (d.expired, d.batch, d.wait_us) == (
+        case["expect"]["expired"], case["expect"]["batch"], case["expect"]["wait_us"])
+
+
+def test_oldest_always_in_batch_when_dispatching():
+    for case in CASES:
+        c = case["config"]
+        live = [w for w in case["waiting"] if w["deadline_us"] is None or w["deadline_us"] > case["now_us"]]
+        if case["expect"]["batch"]:
+            assert live[0]["id"] in case["expect"]["batch"], case["name"]
+            longest = max(w["length"] for w in live if w["id"] in case["expect"]["batch"])
+            n = len(case["expect"]["batch"])
+            assert n <= c["max_batch_size"]
+            assert n == 1 or n * longest <= c["max_batch_tokens"]
