@@ -17,6 +17,8 @@ from rmscore.core.errors import UNAUTHENTICATED_MESSAGE, Code, ScoreError, beare
 from rmscore_client.v1 import reward_pb2, reward_pb2_grpc
 from rmscore.core.validation import SeqInput
 from rmscore.core.scoring import SERVING, ScoringCore, write_port_file
+from rmscore.frontends.drain import Drain
+from rmscore.frontends.model_info import model_info
 
 SERVICE = reward_pb2.DESCRIPTOR.services_by_name["RewardModel"].full_name
 TRUNC = {reward_pb2.TRUNCATION_NONE: "none", reward_pb2.TRUNCATION_LEFT: "left",
@@ -145,14 +147,7 @@ class RewardModelServicer(reward_pb2_grpc.RewardModelServicer):
                 t.cancel()
 
     async def GetModelInfo(self, request, context):
-        m = self.core.repo.manifest
-        return reward_pb2.ModelInfo(
-            name=m["name"], version=m["version"], architecture=m["architecture"], family=m["family"],
-            pooling=m["pooling"], max_sequence_length=m["max_sequence_length"], pad_token_id=m["pad_token_id"],
-            vocab_size=m["vocab_size"], max_sequences_per_request=self.core.cfg.max_sequences_per_request,
-            tokenizer_json=self.core.tokenizer_json, text_format=m["tokenizer"]["text_format"],
-            accepts_text=True, server=self.core.cfg.server_kind, backend=self.core.cfg.backend,
-            device=self.core.cfg.device)
+        return reward_pb2.ModelInfo(**model_info(self.core), tokenizer_json=self.core.tokenizer_json)
 
 
 class TokenCheck(grpc.aio.ServerInterceptor):
@@ -227,6 +222,7 @@ async def serve(cfg: ServeConfig) -> int:
     core.start_loading(lambda s: asyncio.run_coroutine_threadsafe(set_health(s), loop))
 
     stop = asyncio.Event()
+    drain = Drain(core)
 
     async def not_serving_then_refuse() -> None:
         # Health says NOT_SERVING before the first call is refused (docs/hardening.md, drain). The
@@ -234,11 +230,8 @@ async def serve(cfg: ServeConfig) -> int:
         await set_health("draining")
         core.begin_drain()
 
-    t_signal: list[float] = []
-
     def on_signal() -> None:
-        if not stop.is_set():
-            t_signal.append(time.monotonic())
+        if drain.signal():
             loop.create_task(not_serving_then_refuse())
         stop.set()
 
@@ -251,18 +244,11 @@ async def serve(cfg: ServeConfig) -> int:
         metrics_server.shutdown()
         return 1
     # Drain: NOT_SERVING, new work refused (on_signal), finish what was accepted, then go.
-    await set_health("draining")
-    core.begin_drain()  # already done by on_signal's task, unless the warm-up failed first
-    until = core.drain_deadline(t_signal[0])
-    drained = await asyncio.to_thread(core.wait_drained, until)
-    # Queued work fails UNAVAILABLE while the transport can still carry the answers; a batch in
-    # the model gets what is left of the reserve, then gRPC closes the calls still open.
-    reserve_end = until + core.shutdown_reserve_s()
-    await asyncio.to_thread(core.stop, max(0.0, (reserve_end - time.monotonic()) / 2))
-    await server.stop(grace=max(0.1, reserve_end - time.monotonic() - 0.2))
+    await not_serving_then_refuse()  # already done by on_signal's task, unless the warm-up failed first
+    # Then gRPC closes the calls still open within what is left of the reserve.
+    await server.stop(grace=await asyncio.to_thread(drain.finish))
     metrics_server.shutdown()
-    print(f"rmscore: stopped ({'drained' if drained else 'grace period ran out'}) "
-          f"{time.monotonic() - t_signal[0]:.2f} s after the signal", flush=True)
+    drain.report()
     return core.exit(0)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import time
 from typing import Literal
 
@@ -21,6 +22,9 @@ from rmscore.core.errors import UNAUTHENTICATED_MESSAGE, Code, ScoreError, beare
 from rmscore.core.validation import SeqInput
 from rmscore.frontends import openrlhf
 from rmscore.core.scoring import SERVING, ScoringCore, write_port_file
+from rmscore.frontends.drain import Drain
+from rmscore.frontends.http_errors import error_response, refusal
+from rmscore.frontends.model_info import model_info
 
 
 class SequenceIn(BaseModel):
@@ -62,10 +66,6 @@ def _seq_input(s: SequenceIn) -> SeqInput:
 NO_DEADLINE_MS = 365 * 24 * 3600 * 1e3
 
 
-def _error(code: Code, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"code": code.name, "message": message}}, status_code=code.http)
-
-
 def create_app(core: ScoringCore) -> FastAPI:
     app = FastAPI(title="rmscore", description="Reward-model scoring (same contract as the gRPC servers)")
 
@@ -75,9 +75,10 @@ def create_app(core: ScoringCore) -> FastAPI:
         first = exc.errors()[0]
         if first["type"] == "json_invalid":
             reason = (first.get("ctx") or {}).get("error", first["msg"])
-            return _error(Code.INVALID_ARGUMENT, f"body: malformed JSON at character {first['loc'][-1]}: {reason}")
+            return error_response(Code.INVALID_ARGUMENT,
+                                  f"body: malformed JSON at character {first['loc'][-1]}: {reason}")
         where = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
-        return _error(Code.INVALID_ARGUMENT, f"{where}: {first['msg']}")
+        return error_response(Code.INVALID_ARGUMENT, f"{where}: {first['msg']}")
 
     @app.exception_handler(StarletteHTTPException)
     async def undecodable(request: Request, exc: StarletteHTTPException):
@@ -89,7 +90,7 @@ def create_app(core: ScoringCore) -> FastAPI:
         cause = exc.__cause__
         reason = ("not UTF-8 text" if isinstance(cause, UnicodeDecodeError) else
                   "nested too deeply" if isinstance(cause, RecursionError) else exc.detail)
-        return _error(Code.INVALID_ARGUMENT, f"body: malformed JSON: {reason}")
+        return error_response(Code.INVALID_ARGUMENT, f"body: malformed JSON: {reason}")
 
     @app.post("/v1/score", response_model=ScoreOut)
     async def score(body: ScoreIn):
@@ -105,24 +106,16 @@ def create_app(core: ScoringCore) -> FastAPI:
                     core.score([_seq_input(s) for s in body.sequences], body.truncation, deadline),
                     body.timeout_ms / 1e3)
         except ScoreError as e:
-            core.metrics.request(e.code.name, time.perf_counter() - t0)
-            return _error(e.code, e.message)
+            return refusal(core, e, t0)
         except asyncio.TimeoutError:
-            core.metrics.request(Code.DEADLINE_EXCEEDED.name, time.perf_counter() - t0)
-            return _error(Code.DEADLINE_EXCEEDED, "deadline exceeded before scoring")
+            return refusal(core, ScoreError(Code.DEADLINE_EXCEEDED, "deadline exceeded before scoring"), t0)
         core.metrics.request("OK", time.perf_counter() - t0)
         return {"scores": r.scores, "model_version": core.repo.version,
                 "timings": {"total_ms": r.total_ms, "inference_ms": r.inference_ms, "queue_ms": r.queue_ms}}
 
     @app.get("/v1/model")
     async def model():
-        m = core.repo.manifest
-        return {"name": m["name"], "version": m["version"], "architecture": m["architecture"],
-                "family": m["family"], "pooling": m["pooling"], "max_sequence_length": m["max_sequence_length"],
-                "pad_token_id": m["pad_token_id"], "vocab_size": m["vocab_size"],
-                "max_sequences_per_request": core.cfg.max_sequences_per_request,
-                "text_format": m["tokenizer"]["text_format"], "accepts_text": True,
-                "server": core.cfg.server_kind, "backend": core.cfg.backend, "device": core.cfg.device}
+        return model_info(core)
 
     @app.get("/v1/tokenizer")
     async def tokenizer():
@@ -157,9 +150,8 @@ class _LimitBody:
         self.app, self.limit = app, limit
 
     def _refuse(self, what: str) -> JSONResponse:
-        return JSONResponse({"error": {"code": "RESOURCE_EXHAUSTED",
-                                       "message": f"body of {what} bytes exceeds max_request_bytes {self.limit}"}},
-                            status_code=413)
+        return error_response(Code.RESOURCE_EXHAUSTED, f"body of {what} bytes exceeds max_request_bytes {self.limit}",
+                              status=413)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -254,38 +246,31 @@ class _TokenCheck:
             given = next((v for k, v in scope.get("headers") or () if k == b"authorization"), None)
             if not bearer_matches(given, self.token):
                 self.core.metrics.request(Code.UNAUTHENTICATED.name, 0.0)
-                resp = _error(Code.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+                resp = error_response(Code.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
                 resp.headers["WWW-Authenticate"] = "Bearer"
                 return await resp(scope, receive, send)
         return await self.app(scope, receive, send)
 
 
 class _DrainingServer(uvicorn.Server):
-    """On SIGTERM: report not ready and refuse new work, finish accepted work, then let uvicorn close."""
+    """On SIGTERM: report not ready and refuse new work, finish accepted work, then let uvicorn close
+    (frontends/drain.py); a second signal is uvicorn's own forced exit."""
 
     def __init__(self, config, core: ScoringCore):
         super().__init__(config)
         self.core = core
-        self._draining = False
+        self.drain = Drain(core)
 
     def handle_exit(self, sig, frame) -> None:
-        if self._draining:
+        if not self.drain.signal():
             return super().handle_exit(sig, frame)
-        self._draining = True
-        self.core.begin_drain()
-        until = self.core.drain_deadline(time.monotonic())
+        self.core.begin_drain()  # /readyz reads the core's state: NOT_SERVING and refusing are one step
 
         def finish() -> None:
-            drained = self.core.wait_drained(until)
-            # As on gRPC: queued work fails 503 while connections can still carry the answers, and
             # uvicorn gets only what is left of the reserve, so the exit comes within the grace.
-            reserve_end = until + self.core.shutdown_reserve_s()
-            self.core.stop(max(0.0, (reserve_end - time.monotonic()) / 2))
-            self.config.timeout_graceful_shutdown = max(0.1, reserve_end - time.monotonic() - 0.2)
-            print(f"rmscore: stopped ({'drained' if drained else 'grace period ran out'})", flush=True)
+            self.config.timeout_graceful_shutdown = self.drain.finish()
+            self.drain.report()
             self.should_exit = True
-
-        import threading
 
         threading.Thread(target=finish, daemon=True).start()
 

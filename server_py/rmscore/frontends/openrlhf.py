@@ -34,12 +34,12 @@ import time
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
-from rmscore.core.errors import Code, ScoreError, invalid
+from rmscore.core.errors import ScoreError, invalid
 from rmscore.core.validation import SeqInput, check_unicode
 from rmscore.core.scoring import ScoringCore
+from rmscore.frontends.http_errors import refusal
 
 
 class GetRewardIn(BaseModel):
@@ -89,9 +89,6 @@ class _Encoder:
 def register(app: FastAPI, core: ScoringCore) -> None:
     encoder = _Encoder(core.tokenizer_json, core.repo.max_sequence_length)
 
-    def error(code: Code, message: str) -> JSONResponse:
-        return JSONResponse({"error": {"code": code.name, "message": message}}, status_code=code.http)
-
     @app.post("/get_reward")
     async def get_reward(body: GetRewardIn):
         t0 = time.perf_counter()
@@ -114,8 +111,7 @@ def register(app: FastAPI, core: ScoringCore) -> None:
             parts = await asyncio.gather(*(core.score([SeqInput(tokens=x) for x in ids[k:k + m]], "left", None)
                                            for k in range(0, len(ids), m)))
         except ScoreError as e:
-            core.metrics.request(e.code.name, time.perf_counter() - t0)
-            return error(e.code, e.message)
+            return refusal(core, e, t0)
         core.metrics.request("OK", time.perf_counter() - t0)
         scores = [float(s) for part in parts for s in part.scores]
         return {"rewards": scores, "scores": scores, "extra_logs": {}}

@@ -1,0 +1,18 @@
+"""What GetModelInfo (gRPC) and GET /v1/model (HTTP) say: one builder for both Python front ends."""
+
+from __future__ import annotations
+
+from rmscore.core.scoring import ScoringCore
+
+
+def model_info(core: ScoringCore) -> dict:
+    """The manifest's facts and this server's settings, in the contract's field names (HTTP keeps
+    this order in its JSON). The tokenizer is not here: gRPC adds `tokenizer_json`, HTTP serves it
+    at /v1/tokenizer."""
+    m = core.repo.manifest
+    return {"name": m["name"], "version": m["version"], "architecture": m["architecture"],
+            "family": m["family"], "pooling": m["pooling"], "max_sequence_length": m["max_sequence_length"],
+            "pad_token_id": m["pad_token_id"], "vocab_size": m["vocab_size"],
+            "max_sequences_per_request": core.cfg.max_sequences_per_request,
+            "text_format": m["tokenizer"]["text_format"], "accepts_text": True,
+            "server": core.cfg.server_kind, "backend": core.cfg.backend, "device": core.cfg.device}
