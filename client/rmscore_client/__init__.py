@@ -7,7 +7,8 @@
 See docs/client.md.
 """
 
-from .aio import AsyncHttpRewardClient, AsyncRewardClient, service_config
+from .grpc_client import AsyncRewardClient, service_config
+from .http_client import AsyncHttpRewardClient
 from .errors import (Cancelled, DeadlineExceeded, InternalError, InvalidInput, MessageTooLarge, Overloaded,
                      RewardServerError, Unauthenticated, Unavailable)
 from .sync import HttpRewardClient, RewardClient

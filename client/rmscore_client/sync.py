@@ -13,7 +13,9 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from .aio import AsyncHttpRewardClient, AsyncRewardClient, _AsyncClientBase
+from .base import _AsyncClientBase
+from .grpc_client import AsyncRewardClient
+from .http_client import AsyncHttpRewardClient
 from .types import Health, ModelInfo, ScoreResult
 
 _END = object()

@@ -23,7 +23,9 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..aio import AsyncHttpRewardClient, AsyncRewardClient, _AsyncClientBase
+from ..base import _AsyncClientBase
+from ..grpc_client import AsyncRewardClient
+from ..http_client import AsyncHttpRewardClient
 from ..sync import HttpRewardClient, RewardClient, _SyncClient
 
 

@@ -1,0 +1,124 @@
+"""`AsyncHttpRewardClient`: the asyncio client of the FastAPI server's JSON API."""
+
+from __future__ import annotations
+
+import os
+import ssl
+
+from .base import _AsyncClientBase, check_token, read_ca
+from .errors import DeadlineExceeded, MessageTooLarge, Unavailable, error_for
+from .policy import with_retry
+from .streaming import HttpStream
+from .types import Health, ModelInfo
+
+_HTTP_CODES = {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 413: "RESOURCE_EXHAUSTED", 422: "INVALID_ARGUMENT",
+               429: "RESOURCE_EXHAUSTED", 499: "CANCELLED", 500: "INTERNAL", 502: "UNAVAILABLE", 503: "UNAVAILABLE",
+               504: "DEADLINE_EXCEEDED"}
+
+
+class AsyncHttpRewardClient(_AsyncClientBase):
+    """The same interface over the FastAPI server's JSON API (`base_url` like http://host:8000).
+
+    `stream(...)` has no HTTP counterpart on the server: items are gathered for at most
+    `linger_s` (or until `chunk_size` are waiting) and scored as small batches; a batch the
+    server refuses as invalid is re-sent item by item so only the bad items fail.
+
+    Access control: TLS is on with an https:// `base_url` (`tls=True` or `tls_ca_file`, which
+    implies it, turn an http:// one into https://), verified against the system's roots or
+    `tls_ca_file` alone; `auth_token` is sent as `Authorization: Bearer <token>`. A refused
+    token raises `Unauthenticated`, never retried."""
+
+    def __init__(self, base_url: str, *, headers: dict | None = None, linger_s: float = 0.002, tls: bool = False,
+                 tls_ca_file: str | os.PathLike | None = None, auth_token: str | None = None, **kw):
+        super().__init__(**kw)
+        base_url = base_url.rstrip("/")
+        if (tls or tls_ca_file) and base_url.startswith("http://"):
+            base_url = "https://" + base_url[len("http://"):]
+        self.base_url = base_url
+        self.headers = dict(headers or {})
+        token = check_token(auth_token)
+        if token:
+            self.headers["Authorization"] = f"Bearer {token}"
+        self._verify: ssl.SSLContext | bool = True
+        if tls_ca_file:
+            read_ca(tls_ca_file)  # a clear error now rather than at the first call
+            self._verify = ssl.create_default_context(cafile=os.fspath(tls_ca_file))
+        self.linger_s = linger_s
+        self._http = None
+
+    def _client(self):
+        if self._http is None:
+            import httpx
+
+            self._http = httpx.AsyncClient(base_url=self.base_url, headers=self.headers, timeout=None,
+                                           verify=self._verify,
+                                           limits=httpx.Limits(max_connections=max(self.max_concurrency * 2, 10)))
+        return self._http
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    async def _request(self, method: str, path: str, timeout_s: float | None, **kw):
+        import httpx
+
+        try:
+            r = await self._client().request(method, path, timeout=None if timeout_s is None else timeout_s + 1.0,
+                                             **kw)
+        except httpx.TimeoutException as e:
+            raise DeadlineExceeded("DEADLINE_EXCEEDED", f"{method} {path}: no answer in {timeout_s} s ({e!r})") \
+                from None
+        except httpx.TransportError as e:
+            raise Unavailable("UNAVAILABLE", f"{method} {path}: {e!r}") from None
+        if r.status_code >= 400:
+            code, message = _HTTP_CODES.get(r.status_code, "UNKNOWN"), r.text[:500]
+            try:
+                body = r.json()["error"]
+                code, message = body.get("code", code), body.get("message", message)
+            except (ValueError, KeyError, TypeError):
+                pass
+            if r.status_code == 413:
+                raise MessageTooLarge(code, message)
+            raise error_for(code, message)
+        return r
+
+    async def _score_once(self, seqs, truncation, timeout_s):
+        body: dict = {"sequences": [{"tokens": s} for s in seqs], "truncation": truncation}
+        if timeout_s is not None:
+            body["timeout_ms"] = max(timeout_s * 1e3, 1.0)
+        j = (await self._request("POST", "/v1/score", timeout_s, json=body)).json()
+        t = j.get("timings") or {}
+        return (j["scores"], j.get("model_version", ""),
+                (t.get("total_ms", 0.0), t.get("inference_ms", 0.0), t.get("queue_ms", 0.0)))
+
+    async def _get(self, path: str):
+        """GET `path` under the retry and deadline policy."""
+        async def once(left):
+            return await self._request("GET", path, left)
+
+        r, _ = await with_retry(once, self.timeout_s, self.retry)
+        return r
+
+    async def info(self) -> ModelInfo:
+        m = (await self._get("/v1/model")).json()
+        fields = ModelInfo.__dataclass_fields__
+        return ModelInfo(**{k: v for k, v in m.items() if k in fields})
+
+    async def _tokenizer_json(self) -> str:
+        return (await self._get("/v1/tokenizer")).text
+
+    async def health(self) -> Health:
+        try:
+            r = await self._client().get("/readyz", timeout=min(self.timeout_s or 5.0, 5.0))
+        except Exception as e:  # noqa: BLE001 - any transport failure means "not serving"
+            return Health(False, f"unreachable: {e!r}")
+        status = "SERVING" if r.status_code == 200 else "NOT_SERVING"
+        try:
+            status = f"{status} ({r.json()['status']})"
+        except (ValueError, KeyError, TypeError):
+            pass
+        return Health(r.status_code == 200, status)
+
+    def _stream(self, items, truncation, errors, timeout_s):
+        return HttpStream(self, items, truncation, errors, timeout_s).run()
