@@ -187,7 +187,7 @@ class RolloutUser(User):
             if self.transport == "grpc":
                 client.close()
             else:
-                _GreenletLoop.run(lambda: caller.aclose(client))
+                _GreenletLoop.run(lambda: client.close())
 
     def wait_time(self) -> float:
         lo, hi = self.update

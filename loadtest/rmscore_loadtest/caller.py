@@ -1,46 +1,31 @@
-"""How the load generators talk to a server: through `rmscore_client`.
+"""The one way to call any server kind over either transport, built on rmscore_client and its stubs.
 
-`async_client(transport, target, chunk_size=...)` gives the rmscore client's
-`AsyncRewardClient` (gRPC) or `AsyncHttpRewardClient` (FastAPI), configured for
-measuring: no retries (an overloaded server must show up as failures, not as
-slow successes), a fixed chunk size, and no client-side cap on chunks in
-flight. `score_ids(seqs, on_chunk=...)` sends every chunk of `seqs` at once and
-reports each chunk's client-side latency (`ChunkTiming`).
+* `async_client(transport, target, chunk_size=...)`: the rmscore client's `AsyncRewardClient`
+  (gRPC) or `AsyncHttpRewardClient` (FastAPI), configured for measuring: no retries (an overloaded
+  server must show up as failures, not as slow successes), a fixed chunk size, and no client-side
+  cap on chunks in flight. The load generator (loadgen.py) drives it.
+* `Caller(transport, target)` (or `Caller.to(server)`): blocking, one request per call, nothing
+  added: no chunking, no retries. Requests are portable dicts ({"tokens": [...]},
+  {"prompt": .., "response": ..}, {}), and every refusal comes back as `CallError(code name,
+  message)` whatever the transport, so one assertion covers gRPC and HTTP alike. It also sends
+  what no client would: raw bytes as a `Score` / `ScoreStream` body, any HTTP method, body and
+  headers (`http`); that is what the conformance suite, the hostile-input corpus and the fault
+  probes need.
+* `GeventGrpcClient` is for Locust only: the rmscore client's gRPC path is built on `grpc.aio`,
+  which never completes a call in a gevent-monkey-patched process (checked with grpcio 1.85: even a
+  bare `grpc.aio` `Score` hangs), so Locust's gRPC users send each chunk through a `Caller`, whose
+  blocking stub `grpc.experimental.gevent.init_gevent()` makes gevent-cooperative.
 
-If `rmscore_client` is not importable, a minimal local adapter with the same
-interface stands in (one `Score` RPC or `POST /v1/score` per chunk, all chunks
-concurrently). `implementation()` says which one is in use; every report
-records it.
-
-`GeventGrpcClient` is for Locust only: the rmscore client's gRPC path is
-built on `grpc.aio`, which never completes a call in a gevent-monkey-patched
-process (checked with grpcio 1.85: even a bare `grpc.aio` `Score` hangs), so
-Locust's gRPC users send each chunk with grpc's blocking stub, made
-gevent-cooperative by `grpc.experimental.gevent.init_gevent()`.
+Light on import (the Locust file imports this under gevent): grpc and httpx load when a client is made.
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-import time
-from dataclasses import dataclass, field
-
 TRANSPORTS = ("grpc", "http")
 DEFAULT_TIMEOUT_S = 120.0
 UNLIMITED_CONCURRENCY = 4096
-
-
-def _real_client():
-    try:
-        import rmscore_client as client
-    except ImportError:
-        return None
-    return client if hasattr(client, "AsyncRewardClient") else None
-
-
-def implementation() -> str:
-    return "rmscore_client" if _real_client() is not None else "local adapter (rmscore_loadtest.caller)"
+SCORE_METHOD = "/rmscore.v1.RewardModel/Score"
+STREAM_METHOD = "/rmscore.v1.RewardModel/ScoreStream"
 
 
 def _check(transport: str) -> None:
@@ -48,118 +33,181 @@ def _check(transport: str) -> None:
         raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
 
 
-@dataclass(frozen=True)
-class Timing:
-    """Mirror of rmscore_client.ChunkTiming for the local adapter."""
-
-    offset: int
-    count: int
-    latency_ms: float
-    attempts: int = 1
-    model_version: str = ""
-    total_ms: float = float("nan")
-    inference_ms: float = float("nan")
-    queue_ms: float = float("nan")
-
-
-@dataclass
-class Result:
-    scores: list[float]
-    model_version: str = ""
-    timings: list = field(default_factory=list)
-
-
-def request_pb(seqs: list[list[int]]):
-    from rmscore_client.v1 import reward_pb2
-
-    return reward_pb2.ScoreRequest(sequences=[reward_pb2.Sequence(tokens=reward_pb2.TokenIds(ids=s)) for s in seqs])
-
-
-class _LocalAsync:
-    """Stand-in for rmscore_client's asyncio clients: chunks, all in flight, one request each."""
-
-    def __init__(self, transport: str, target: str, chunk_size: int, timeout_s: float):
-        self.transport, self.chunk_size, self.timeout_s = transport, chunk_size, timeout_s
-        if transport == "grpc":
-            import grpc
-            from rmscore_client.v1 import reward_pb2_grpc
-
-            self._channel = grpc.aio.insecure_channel(target)
-            self._stub = reward_pb2_grpc.RewardModelStub(self._channel)
-        else:
-            import httpx
-
-            self._http = httpx.AsyncClient(base_url=target, timeout=timeout_s,
-                                           limits=httpx.Limits(max_connections=512, max_keepalive_connections=512))
-
-    async def _once(self, part):
-        if self.transport == "grpc":
-            r = await self._stub.Score(request_pb(part), timeout=self.timeout_s)
-            t = r.timings
-            return list(r.scores), r.model_version, (t.total_ms, t.inference_ms, t.queue_ms)
-        resp = await self._http.post("/v1/score", json={"sequences": [{"tokens": s} for s in part]})
-        if resp.status_code != 200:
-            raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
-        body = resp.json()
-        t = body["timings"]
-        return list(body["scores"]), body["model_version"], (t["total_ms"], t["inference_ms"], t["queue_ms"])
-
-    async def score_ids(self, seqs, *, on_chunk=None, **_):
-        async def one(lo):
-            part = seqs[lo:lo + self.chunk_size]
-            t0 = time.perf_counter()
-            scores, version, server = await self._once(part)
-            timing = Timing(lo, len(part), (time.perf_counter() - t0) * 1e3, 1, version, *server)
-            if on_chunk is not None:
-                on_chunk(timing)
-            return scores, timing
-
-        parts = await asyncio.gather(*(one(lo) for lo in range(0, len(seqs), self.chunk_size)))
-        return Result([s for p, _ in parts for s in p], parts[0][1].model_version if parts else "",
-                      [t for _, t in parts])
-
-    async def close(self):
-        if self.transport == "grpc":
-            await self._channel.close()
-        else:
-            await self._http.aclose()
+def target_of(server) -> str:
+    """Where a RunningServer is reached: host:port for gRPC, its base URL for HTTP."""
+    return server.target if server.transport == "grpc" else server.base_url
 
 
 def async_client(transport: str, target: str, chunk_size: int = 8, timeout_s: float = DEFAULT_TIMEOUT_S):
     """An asyncio client for measuring: `await c.score_ids(seqs, on_chunk=f)`, `await c.close()`."""
+    import rmscore_client
+
     _check(transport)
-    real = _real_client()
-    if real is None:
-        return _LocalAsync(transport, target, chunk_size, timeout_s)
-    cls = real.AsyncRewardClient if transport == "grpc" else real.AsyncHttpRewardClient
-    wanted = {"chunk_size": chunk_size, "max_concurrency": UNLIMITED_CONCURRENCY, "timeout_s": timeout_s,
-              "retry": getattr(real, "NO_RETRY", None)}
-    params = inspect.signature(cls).parameters
-    takes_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    kw = {k: v for k, v in wanted.items() if v is not None and (k in params or takes_kw)}
-    return cls(target, **kw)
+    cls = rmscore_client.AsyncRewardClient if transport == "grpc" else rmscore_client.AsyncHttpRewardClient
+    return cls(target, chunk_size=chunk_size, max_concurrency=UNLIMITED_CONCURRENCY, timeout_s=timeout_s,
+               retry=rmscore_client.NO_RETRY)
 
 
-async def aclose(client) -> None:
-    r = client.close()
-    if inspect.isawaitable(r):
-        await r
+# ---- requests --------------------------------------------------------------------------------
+
+def tokens(seqs: list[list[int]]) -> list[dict]:
+    """Token-id sequences as portable requests."""
+    return [{"tokens": list(s)} for s in seqs]
 
 
-class GeventGrpcClient:
+def to_proto(seq: dict):
+    from rmscore_client.v1 import reward_pb2 as pb
+
+    if "tokens" in seq:
+        return pb.Sequence(tokens=pb.TokenIds(ids=seq["tokens"]))
+    if "prompt" in seq:
+        return pb.Sequence(text=pb.TextPair(prompt=seq["prompt"], response=seq["response"]))
+    return pb.Sequence()
+
+
+def score_request(seqs: list[dict], truncation: str = "none"):
+    """The ScoreRequest of portable sequences; truncation "none" / "left" / "right"."""
+    from rmscore_client.v1 import reward_pb2 as pb
+
+    trunc = {"none": pb.TRUNCATION_NONE, "left": pb.TRUNCATION_LEFT, "right": pb.TRUNCATION_RIGHT}[truncation]
+    return pb.ScoreRequest(sequences=[to_proto(s) for s in seqs], truncation=trunc)
+
+
+# ---- the blocking caller ---------------------------------------------------------------------
+
+class CallError(Exception):
+    """A refused call: the contract's code name ("INVALID_ARGUMENT", ...) and the server's message."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code, self.message = code, message
+
+
+class Caller:
+    """One request per call to one server, either transport; see the module docstring."""
+
+    def __init__(self, transport: str, target: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 max_message_bytes: int = 64 << 20):
+        _check(transport)
+        self.transport, self.target, self.timeout_s = transport, target, timeout_s
+        self.grpc = transport == "grpc"
+        if self.grpc:
+            import grpc
+
+            from rmscore_client.v1 import reward_pb2 as pb, reward_pb2_grpc as pbg
+
+            self._pb = pb
+            # A plain channel: no client-side health checking or retries, so refusals are the server's own.
+            self.channel = grpc.insecure_channel(target, options=[
+                ("grpc.max_send_message_length", max_message_bytes),
+                ("grpc.max_receive_message_length", max_message_bytes)])
+            self.stub = pbg.RewardModelStub(self.channel)
+        else:
+            import httpx
+
+            self.http_client = httpx.Client(base_url=target, timeout=timeout_s)
+
+    @classmethod
+    def to(cls, server, **kw) -> "Caller":
+        return cls(server.transport, target_of(server), **kw)
+
+    # -- scoring
+    def score(self, seqs: list[dict], truncation: str = "none", timeout_s: float | None = 120) -> list[float]:
+        return self.score_full(seqs, truncation, timeout_s)["scores"]
+
+    def score_ids(self, seqs: list[list[int]], timeout_s: float | None = None):
+        """Token-id sequences; an rmscore_client ScoreResult (scores, model_version)."""
+        from rmscore_client import ScoreResult
+
+        r = self.score_full(tokens(seqs), timeout_s=timeout_s or self.timeout_s)
+        return ScoreResult(r["scores"], r["model_version"])
+
+    def score_full(self, seqs: list[dict], truncation: str = "none", timeout_s: float | None = 120) -> dict:
+        """{"scores", "model_version", "timings": {"total_ms", "inference_ms", "queue_ms"}}."""
+        if self.grpc:
+            r = self.score_pb(score_request(seqs, truncation), timeout_s)
+            return {"scores": list(r.scores), "model_version": r.model_version,
+                    "timings": {"total_ms": r.timings.total_ms, "inference_ms": r.timings.inference_ms,
+                                "queue_ms": r.timings.queue_ms}}
+        body = {"sequences": seqs, "truncation": truncation}
+        if timeout_s is not None and timeout_s < 60:
+            body["timeout_ms"] = timeout_s * 1000
+        return self.post(body, timeout_s=max(timeout_s or 120, 10))
+
+    def score_pb(self, request, timeout_s: float | None = None):
+        """gRPC Score with a ScoreRequest, or with raw bytes sent as they are; the ScoreResponse."""
+        import grpc
+
+        timeout_s = timeout_s if timeout_s is not None else self.timeout_s
+        try:
+            if isinstance(request, bytes):
+                raw = self.channel.unary_unary(SCORE_METHOD)(request, timeout=timeout_s)  # bytes in, bytes out
+                return self._pb.ScoreResponse.FromString(raw)
+            return self.stub.Score(request, timeout=timeout_s)
+        except grpc.RpcError as e:
+            raise CallError(e.code().name, e.details() or "") from None
+
+    def stream(self, items: list, timeout_s: float | None = None) -> list:
+        """gRPC ScoreStream: every item sent, every answer read. ScoreStreamRequests give
+        ScoreStreamResponses; raw bytes items give raw bytes answers."""
+        import grpc
+
+        timeout_s = timeout_s if timeout_s is not None else self.timeout_s
+        raw = bool(items) and all(isinstance(x, bytes) for x in items)
+        call = self.channel.stream_stream(STREAM_METHOD) if raw else self.stub.ScoreStream
+        try:
+            return list(call(iter(items), timeout=timeout_s))
+        except grpc.RpcError as e:
+            raise CallError(e.code().name, e.details() or "") from None
+
+    def post(self, body, raw: bytes | None = None, timeout_s: float = 120) -> dict:
+        """HTTP POST /v1/score of a JSON body (or raw bytes as JSON); the answer, or CallError."""
+        import httpx
+
+        try:
+            r = (self.http("POST", "/v1/score", raw, timeout_s=timeout_s) if raw is not None
+                 else self.http_client.post("/v1/score", json=body, timeout=timeout_s))
+        except httpx.ConnectError as e:  # what gRPC calls UNAVAILABLE
+            raise CallError("UNAVAILABLE", str(e)) from None
+        if r.status_code != 200:
+            err = r.json()["error"]
+            raise CallError(err["code"], err["message"])
+        return r.json()
+
+    def http(self, method: str, path: str, content=None, headers: dict | None = None,
+             timeout_s: float | None = None):
+        """Any HTTP request, the httpx Response as it is: content-type JSON unless `headers` say
+        otherwise (an empty value drops the header)."""
+        h = {k: v for k, v in {"content-type": "application/json", **(headers or {})}.items() if v}
+        return self.http_client.request(method, path, content=content, headers=h,
+                                        timeout=timeout_s if timeout_s is not None else self.timeout_s)
+
+    # -- model and health
+    def info(self, timeout_s: float = 10) -> dict:
+        if self.grpc:
+            m = self.stub.GetModelInfo(self._pb.GetModelInfoRequest(), timeout=timeout_s)
+            return {f.name: getattr(m, f.name) for f in m.DESCRIPTOR.fields}
+        return self.http_client.get("/v1/model", timeout=timeout_s).json()
+
+    def is_serving(self, timeout_s: float = 5) -> bool | None:
+        """True/False from the health service (gRPC) or /readyz (HTTP); None when nothing answered."""
+        try:
+            if self.grpc:
+                from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+                r = health_pb2_grpc.HealthStub(self.channel).Check(health_pb2.HealthCheckRequest(service=""),
+                                                                   timeout=timeout_s)
+                return r.status == health_pb2.HealthCheckResponse.SERVING
+            return self.http_client.get("/readyz", timeout=timeout_s).status_code == 200
+        except Exception:  # noqa: BLE001 - any failure to answer is "no answer"
+            return None
+
+    def close(self) -> None:
+        self.channel.close() if self.grpc else self.http_client.close()
+
+
+class GeventGrpcClient(Caller):
     """One blocking `Score` RPC per call; cooperative under gevent once init_gevent() ran (Locust)."""
 
     def __init__(self, target: str, timeout_s: float = DEFAULT_TIMEOUT_S):
-        import grpc
-        from rmscore_client.v1 import reward_pb2_grpc
-
-        self._channel = grpc.insecure_channel(target)
-        self._stub = reward_pb2_grpc.RewardModelStub(self._channel)
-        self._timeout = timeout_s
-
-    def score_ids(self, seqs) -> Result:
-        r = self._stub.Score(request_pb(seqs), timeout=self._timeout)
-        return Result(list(r.scores), r.model_version)
-
-    def close(self) -> None:
-        self._channel.close()
+        super().__init__("grpc", target, timeout_s=timeout_s)

@@ -26,6 +26,7 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -49,30 +50,56 @@ class Workload:
         return [make_rollout(rng, self.rollout_size, self.mix) for _ in range(n)]
 
 
-def _error_name(e: BaseException) -> str:
+def error_code(e: BaseException) -> str:
+    """The status name of a failed call ("RESOURCE_EXHAUSTED", ...), else the exception's type name."""
     code = getattr(e, "code", None)
     if callable(code):
         try:
             code = code()
         except Exception:  # noqa: BLE001
             code = None
-    name = getattr(code, "name", code)
-    return f"{type(e).__name__}({name})" if name else type(e).__name__
+    return getattr(code, "name", code) or type(e).__name__
 
 
-def _summarise(records: list[tuple[float, float, int, str | None, float, float]], window_s: float,
-               t_end: float) -> dict:
-    """records: (t_done_rel, latency_ms, count, error, server_queue_ms, server_inference_ms)."""
-    ok = [r for r in records if r[3] is None]
-    in_window = [r for r in ok if r[0] <= t_end]
-    seqs = sum(r[2] for r in in_window)
-    lat = [r[1] for r in in_window]
+def _error_name(e: BaseException) -> str:
+    code = error_code(e)
+    return f"{type(e).__name__}({code})" if code != type(e).__name__ else code
+
+
+class WrongCount(RuntimeError):
+    """An answer with another number of scores than sequences sent."""
+
+    def __init__(self, got: int, sent: int):
+        super().__init__(f"{got} scores for {sent} sequences")
+        self.code = f"WRONG_COUNT({got}/{sent})"
+
+
+class Answer(NamedTuple):
+    """One request's end. Times in seconds since the phase began; `latency_ms` from when the request
+    was due (the scheduled arrival in an open loop), `service_ms` from when it was sent."""
+
+    done_s: float
+    latency_ms: float
+    sequences: int
+    error: str | None  # None, or "Type(CODE)"
+    queue_ms: float
+    inference_ms: float
+    outcome: str  # "OK" or the status name
+    sent_s: float
+    service_ms: float
+
+
+def _summarise(records: list[Answer], window_s: float, t_end: float) -> dict:
+    ok = [r for r in records if r.error is None]
+    in_window = [r for r in ok if r.done_s <= t_end]
+    seqs = sum(r.sequences for r in in_window)
+    lat = [r.latency_ms for r in in_window]
     errors: dict[str, int] = {}
     for r in records:
-        if r[3] is not None:
-            errors[r[3]] = errors.get(r[3], 0) + 1
-    queue = [r[4] for r in in_window if math.isfinite(r[4])]
-    infer = [r[5] for r in in_window if math.isfinite(r[5])]
+        if r.error is not None:
+            errors[r.error] = errors.get(r.error, 0) + 1
+    queue = [r.queue_ms for r in in_window if math.isfinite(r.queue_ms)]
+    infer = [r.inference_ms for r in in_window if math.isfinite(r.inference_ms)]
     return {
         "window_s": window_s,
         "requests": len(in_window),
@@ -89,28 +116,41 @@ def _summarise(records: list[tuple[float, float, int, str | None, float, float]]
     }
 
 
-async def _one(client, req, t0: float, sent_at: float, records: list) -> str | None:
+async def _one(client, req, t0: float, due_at: float, records: list) -> str | None:
     timing = []
+    sent = time.perf_counter()
     try:
         result = await client.score_ids(req, on_chunk=timing.append)
         if len(result.scores) != len(req):
-            raise RuntimeError(f"{len(result.scores)} scores for {len(req)} sequences")
-        err = None
+            raise WrongCount(len(result.scores), len(req))
+        err, outcome = None, "OK"
     except asyncio.CancelledError:
         raise
     except Exception as e:  # noqa: BLE001 - counted by kind
-        err = _error_name(e)
+        err, outcome = _error_name(e), error_code(e)
     done = time.perf_counter()
     q = sum(t.queue_ms for t in timing) / len(timing) if timing else float("nan")
     i = sum(t.inference_ms for t in timing) / len(timing) if timing else float("nan")
-    records.append((done - t0, (done - sent_at) * 1e3, len(req), err, q, i))
+    records.append(Answer(done - t0, (done - due_at) * 1e3, len(req), err, q, i, outcome, sent - t0,
+                          (done - sent) * 1e3))
     return err
 
 
+async def _ticker(records: list, t0: float, on_tick, tick_s: float) -> None:
+    """on_tick(seconds since t0, {"requests", "errors", "sequences"} so far) every tick_s, until cancelled."""
+    while True:
+        ok = [r for r in records if r.error is None]
+        on_tick(time.perf_counter() - t0, {"requests": len(ok), "errors": len(records) - len(ok),
+                                           "sequences": sum(r.sequences for r in ok)})
+        await asyncio.sleep(tick_s)
+
+
 async def closed_loop(client, requests: list, concurrency: int, window_s: float, settle_s: float = 0.0,
-                      drain_timeout_s: float = 60.0, max_settle_s: float = 120.0) -> dict:
-    """C workers back to back; see the module docstring for the window and the estimator."""
-    records: list = []
+                      drain_timeout_s: float = 60.0, max_settle_s: float = 120.0, on_tick=None,
+                      tick_s: float = 1.0) -> dict:
+    """C workers back to back; see the module docstring for the window and the estimator.
+    `on_tick(t, counts)`, if given, is called every `tick_s` while the loop runs (see `_ticker`)."""
+    records: list[Answer] = []
     answered = [0] * concurrency
     everyone = asyncio.Event()
     stop = False
@@ -128,6 +168,7 @@ async def closed_loop(client, requests: list, concurrency: int, window_s: float,
                 await asyncio.sleep(0.01)  # a failing server must not turn the client into a busy loop
 
     tasks = [asyncio.create_task(worker(w)) for w in range(concurrency)]
+    ticker = asyncio.create_task(_ticker(records, t0, on_tick, tick_s)) if on_tick is not None else None
     await asyncio.sleep(settle_s)
     try:
         await asyncio.wait_for(everyone.wait(), timeout=max(0.0, max_settle_s - settle_s))
@@ -137,42 +178,60 @@ async def closed_loop(client, requests: list, concurrency: int, window_s: float,
     await asyncio.sleep(window_s)
     # At least one answer per worker inside the window, so that a slow server is not measured on
     # a fraction of one round of requests (bounded by max_settle_s).
-    while (sum(1 for r in records if r[0] > t_open) < concurrency
+    while (sum(1 for r in records if r.done_s > t_open) < concurrency
            and time.perf_counter() - t0 < t_open + max(window_s, max_settle_s)):
         await asyncio.sleep(0.02)
     t_close = time.perf_counter() - t0
     stop = True
-    done, pending = await asyncio.wait(tasks, timeout=drain_timeout_s)
-    for t in pending:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    # Completion to completion: from the last answer at or before the window opened to the last
-    # answer inside it. Answers in a closed loop come in waves (the workers start together and a
-    # batching server finishes their requests together); counting between two answers, not over
-    # a fixed span that starts right after a wave, keeps the rate unbiased.
-    anchor = max((r[0] for r in records if r[0] <= t_open), default=t_open)
-    measured = [r for r in records if anchor < r[0] <= t_close]
-    ok = [r for r in measured if r[3] is None]
-    span = (max(r[0] for r in ok) - anchor) if ok else (t_close - t_open)
-    out = _summarise(measured, span, t_close)
+    pending = await _drain(tasks, drain_timeout_s)
+    if ticker is not None:
+        await _drain([ticker], 0)
+    out = _window(records, t_open, t_close)
     out.update(concurrency=concurrency, settle_s=round(t_open, 3), window_open_s=round(t_close - t_open, 3),
-               cancelled_at_drain=len(pending))
+               cancelled_at_drain=pending, answered_all=len(records))
     return out
 
 
-async def open_loop(client, requests: list, rate_seq_s: float, chunk_size: int, window_s: float, seed: int,
-                    max_outstanding: int = 64, drain_timeout_s: float = 60.0) -> dict:
-    """Poisson arrivals at rate_seq_s / chunk_size requests per second for window_s."""
-    rate_rps = rate_seq_s / chunk_size
-    rng = np.random.default_rng([seed, 3])
-    arrivals = []
-    t = 0.0
-    while True:
-        t += rng.exponential(1.0 / rate_rps)
-        if t >= window_s:
-            break
+async def _drain(tasks: list, timeout_s: float) -> int:
+    """Wait up to timeout_s for `tasks` to end, cancel the rest; how many were cancelled."""
+    if not tasks:
+        return 0
+    _, pending = await asyncio.wait(set(tasks), timeout=timeout_s) if timeout_s > 0 else (None, set(tasks))
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return len(pending)
+
+
+def _window(records: list[Answer], t_open: float, t_close: float) -> dict:
+    """Completion to completion: from the last answer at or before the window opened to the last
+    answer inside it. Answers in a closed loop come in waves (the workers start together and a
+    batching server finishes their requests together); counting between two answers, not over
+    a fixed span that starts right after a wave, keeps the rate unbiased."""
+    anchor = max((r.done_s for r in records if r.done_s <= t_open), default=t_open)
+    measured = [r for r in records if anchor < r.done_s <= t_close]
+    ok = [r for r in measured if r.error is None]
+    span = (max(r.done_s for r in ok) - anchor) if ok else (t_close - t_open)
+    return _summarise(measured, span, t_close)
+
+
+def poisson_arrivals(rate_rps: float, window_s: float, rng) -> list[float]:
+    """Arrival times in [0, window_s) of a Poisson process at rate_rps."""
+    arrivals, t = [], 0.0
+    while (t := t + rng.exponential(1.0 / rate_rps)) < window_s:
         arrivals.append(t)
-    records: list = []
+    return arrivals
+
+
+async def open_loop(client, requests: list, rate_seq_s: float, chunk_size: int, window_s: float, seed: int,
+                    max_outstanding: int | None = 64, drain_timeout_s: float = 60.0,
+                    keep_outcomes: bool = False) -> dict:
+    """Poisson arrivals at rate_seq_s / chunk_size requests per second for window_s; at most
+    `max_outstanding` requests waiting (None: no client-side cap, every arrival is sent).
+    `keep_outcomes` adds "outcomes": one {"sent_s", "ms" (from the send), "outcome", "sequences"}
+    per arrival sent, {"outcome": "NO_ANSWER"} for one cancelled at the drain."""
+    arrivals = poisson_arrivals(rate_seq_s / chunk_size, window_s, np.random.default_rng([seed, 3]))
+    records: list[Answer] = []
     tasks: set = set()
     shed = 0
     t0 = time.perf_counter()
@@ -180,27 +239,24 @@ async def open_loop(client, requests: list, rate_seq_s: float, chunk_size: int, 
         delay = t0 + at - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        if len(tasks) >= max_outstanding:
+        if max_outstanding is not None and len(tasks) >= max_outstanding:
             shed += 1
             continue
         task = asyncio.create_task(_one(client, requests[k % len(requests)], t0, t0 + at, records))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
     await asyncio.sleep(max(0.0, t0 + window_s - time.perf_counter()))
-    cancelled = 0
-    if tasks:
-        done, pending = await asyncio.wait(set(tasks), timeout=drain_timeout_s)
-        cancelled = len(pending)
-        for t in pending:
-            t.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+    cancelled = await _drain(list(tasks), drain_timeout_s)
     out = _summarise(records, window_s, window_s)
     # Open loop: every answered request's latency counts, also those answered after the window.
-    lat = [r[1] for r in records if r[3] is None]
+    lat = [r.latency_ms for r in records if r.error is None]
     out.update(latency_ms=percentiles(lat), latency_mean_ms=float(np.mean(lat)) if lat else float("nan"),
                latencies_ms=[round(x, 3) for x in lat], answered=len(lat))
     out.update(offered_seq_s=rate_seq_s, offered_requests=len(arrivals), shed=shed, cancelled_at_drain=cancelled,
                max_outstanding=max_outstanding)
+    if keep_outcomes:
+        out["outcomes"] = [{"sent_s": r.sent_s, "ms": r.service_ms, "outcome": r.outcome, "sequences": r.sequences}
+                           for r in records] + [{"outcome": "NO_ANSWER"}] * cancelled
     return out
 
 
@@ -213,7 +269,7 @@ async def rollouts(client, batch: list[list[list[int]]]) -> dict:
         try:
             result = await client.score_ids(rollout, on_chunk=timings.append)
             if len(result.scores) != len(rollout):
-                raise RuntimeError(f"{len(result.scores)} scores for {len(rollout)} sequences")
+                raise WrongCount(len(result.scores), len(rollout))
         except Exception as e:  # noqa: BLE001
             errors[_error_name(e)] = errors.get(_error_name(e), 0) + 1
             continue

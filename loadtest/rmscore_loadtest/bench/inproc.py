@@ -24,6 +24,8 @@ import time
 
 import numpy as np
 
+from rmscore_loadtest.workload import make_rollout
+
 BIG = 1 << 40
 
 
@@ -77,21 +79,14 @@ def run(spec: dict) -> dict:
     import onnxruntime
     import torch
 
-    from rmscore.runtimes import create
-    from rmscore.core.config import ServeConfig
     from rmscore.model.repository import load_repo
 
-    from rmscore_loadtest.workload import LengthMix, make_rollout
-
     s = spec
-    mix = LengthMix.parse(s["lengths"])
     repo = load_repo(s["model"])
-    pad = repo.pad_token_id
-    B, T = s["max_batch_size"], s["max_batch_tokens"]
     out = {"versions": {"onnxruntime": onnxruntime.__version__, "torch": torch.__version__},
            "threads": {"intra_op": s["intra_op_threads"], "inter_op": s["inter_op_threads"]},
            "runtimes": {}, "ablation": None, "parity_scores": {}}
-    parity_set = make_rollout(np.random.default_rng([s["seed"], 99]), s["parity_set_size"], mix)
+    parity_set = make_rollout(np.random.default_rng([s["seed"], 99]), s["parity_set_size"], _mix(s))
     runtimes = list(s["inproc_runtimes"])
     ablation_rt = s["ablation_backend"] if s["ablation"] else None
     needed = runtimes + ([ablation_rt] if ablation_rt and ablation_rt not in runtimes else [])
@@ -100,61 +95,83 @@ def run(spec: dict) -> dict:
     kept = None
     for rt in needed:
         bar.set_postfix_str(f"{rt}: load + warm-up")
-        cfg = ServeConfig(model=pathlib.Path(s["model"]), backend=rt, intra_op_threads=s["intra_op_threads"],
-                          inter_op_threads=s["inter_op_threads"], max_batch_size=B, max_batch_tokens=T)
-        t = time.perf_counter()
-        backend = create(cfg, repo)
-        backend.warmup(B, repo.max_sequence_length)
-        # One untimed pass over a rollout-shaped input: the shapes the timed passes will see.
-        warm = make_rollout(np.random.default_rng([s["seed"], 98]), min(s["rollout_size"], 64), mix)
-        score_batches(backend, warm, plan_batches([len(x) for x in warm], "length_aware", B, T), pad)
-        load_s = time.perf_counter() - t
+        backend, load_s = _load(s, repo, rt)
         bar.update(1)
         out["parity_scores"][rt] = score_batches(backend, parity_set, [[i] for i in range(len(parity_set))],
-                                                 pad)[0].tolist()
+                                                 repo.pad_token_id)[0].tolist()
         if rt in runtimes:
-            reps = []
-            for rep in range(s["inproc_repeats"]):
-                bar.set_postfix_str(f"{rt} rep {rep + 1}")
-                rollout = make_rollout(np.random.default_rng([s["seed"], rep, 7]), s["rollout_size"], mix)
-                batches = plan_batches([len(x) for x in rollout], "length_aware", B, T)
-                _, elapsed = score_batches(backend, rollout, batches, pad)
-                reps.append({"rep": rep, "makespan_s": elapsed, "throughput_seq_s": len(rollout) / elapsed,
-                             "batches": len(batches)})
-                bar.update(1)
             out["runtimes"][rt] = {"load_and_warmup_s": load_s, "rollout_size": s["rollout_size"],
-                                   "policy": "length_aware", "reps": reps}
+                                   "policy": "length_aware", "reps": _runtime_reps(s, backend, rt, repo.pad_token_id,
+                                                                                   bar)}
         if rt == ablation_rt:
             kept = backend
         else:
             del backend
             gc.collect()
     if ablation_rt:
-        policies = ["no_batching", "fifo_fixed", "token_budget", "length_aware"]
-        reps = []
-        for rep in range(s["ablation_repeats"]):
-            rollout = make_rollout(np.random.default_rng([s["seed"], rep, 11]), s["ablation_rollout_size"], mix)
-            lengths = [len(x) for x in rollout]
-            order = policies[rep % 4:] + policies[:rep % 4]
-            got = {}
-            for policy in order:
-                bar.set_postfix_str(f"ablation rep {rep + 1}: {policy}")
-                batches = plan_batches(lengths, policy, B, T)
-                scores, elapsed = score_batches(kept, rollout, batches, pad)
-                real = sum(lengths)
-                padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)
-                got[policy] = (scores, {"makespan_s": elapsed, "throughput_seq_s": len(rollout) / elapsed,
-                                        "batches": len(batches), "padding_efficiency": real / padded,
-                                        "mean_batch_size": len(rollout) / len(batches)})
-                bar.update(1)
-            ref = got["no_batching"][0]
-            reps.append({"rep": rep, "order": order, "policies": {
-                p: {**m, "max_abs_score_diff_vs_no_batching": float(np.abs(sc - ref).max())}
-                for p, (sc, m) in got.items()}})
         out["ablation"] = {"backend": ablation_rt, "rollout_size": s["ablation_rollout_size"],
-                           "max_batch_size": B, "max_batch_tokens": T, "reps": reps}
+                           "max_batch_size": s["max_batch_size"], "max_batch_tokens": s["max_batch_tokens"],
+                           "reps": [_ablation_rep(s, kept, rep, repo.pad_token_id, bar)
+                                    for rep in range(s["ablation_repeats"])]}
     bar.close()
     return out
+
+
+def _mix(s: dict):
+    from rmscore_loadtest.workload import LengthMix
+
+    return LengthMix.parse(s["lengths"])
+
+
+def _load(s: dict, repo, rt: str):
+    """The runtime as the servers make it, warmed up on the shapes the timed passes will see; (it, seconds)."""
+    from rmscore.core.config import ServeConfig
+    from rmscore.runtimes import create
+
+    B, T = s["max_batch_size"], s["max_batch_tokens"]
+    cfg = ServeConfig(model=pathlib.Path(s["model"]), backend=rt, intra_op_threads=s["intra_op_threads"],
+                      inter_op_threads=s["inter_op_threads"], max_batch_size=B, max_batch_tokens=T)
+    t = time.perf_counter()
+    backend = create(cfg, repo)
+    backend.warmup(B, repo.max_sequence_length)
+    # One untimed pass over a rollout-shaped input: the shapes the timed passes will see.
+    warm = make_rollout(np.random.default_rng([s["seed"], 98]), min(s["rollout_size"], 64), _mix(s))
+    score_batches(backend, warm, plan_batches([len(x) for x in warm], "length_aware", B, T), repo.pad_token_id)
+    return backend, time.perf_counter() - t
+
+
+def _runtime_reps(s: dict, backend, rt: str, pad: int, bar) -> list[dict]:
+    reps = []
+    for rep in range(s["inproc_repeats"]):
+        bar.set_postfix_str(f"{rt} rep {rep + 1}")
+        rollout = make_rollout(np.random.default_rng([s["seed"], rep, 7]), s["rollout_size"], _mix(s))
+        batches = plan_batches([len(x) for x in rollout], "length_aware", s["max_batch_size"], s["max_batch_tokens"])
+        _, elapsed = score_batches(backend, rollout, batches, pad)
+        reps.append({"rep": rep, "makespan_s": elapsed, "throughput_seq_s": len(rollout) / elapsed,
+                     "batches": len(batches)})
+        bar.update(1)
+    return reps
+
+
+def _ablation_rep(s: dict, backend, rep: int, pad: int, bar) -> dict:
+    """One repetition of the ablation: the same rollout cut by each policy, in an order rotated by `rep`."""
+    policies = ["no_batching", "fifo_fixed", "token_budget", "length_aware"]
+    rollout = make_rollout(np.random.default_rng([s["seed"], rep, 11]), s["ablation_rollout_size"], _mix(s))
+    lengths = [len(x) for x in rollout]
+    order = policies[rep % 4:] + policies[:rep % 4]
+    got = {}
+    for policy in order:
+        bar.set_postfix_str(f"ablation rep {rep + 1}: {policy}")
+        batches = plan_batches(lengths, policy, s["max_batch_size"], s["max_batch_tokens"])
+        scores, elapsed = score_batches(backend, rollout, batches, pad)
+        padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)
+        got[policy] = (scores, {"makespan_s": elapsed, "throughput_seq_s": len(rollout) / elapsed,
+                                "batches": len(batches), "padding_efficiency": sum(lengths) / padded,
+                                "mean_batch_size": len(rollout) / len(batches)})
+        bar.update(1)
+    ref = got["no_batching"][0]
+    return {"rep": rep, "order": order, "policies": {
+        p: {**m, "max_abs_score_diff_vs_no_batching": float(np.abs(sc - ref).max())} for p, (sc, m) in got.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,8 +16,12 @@ def _ci(d: dict) -> CI:
     return CI(d["mean"], d["lo"], d["hi"], d["half_width"], d["sd"], d["n"], d.get("confidence", 0.95))
 
 
-def _fmt(d: dict | None, digits: int = 3) -> str:
-    return _ci(d).fmt(digits) if d else "n/a"
+def fmt_ci(d: dict | None, digits: int = 3, scale: float = 1.0, unit: str = "") -> str:
+    """A CI dict (stats.CI.as_dict) as `mean ± half`, its values times `scale`, then `unit`."""
+    if not d:
+        return "n/a"
+    scaled = {**d, **{k: d[k] * scale for k in ("mean", "lo", "hi", "half_width", "sd")}}
+    return _ci(scaled).fmt(digits) + unit
 
 
 def _short(config_id: str) -> str:
@@ -53,11 +57,24 @@ def _load_range(record: dict) -> tuple[float, float]:
 
 
 def markdown(record: dict, summary: dict, notes: list[str] | None = None) -> str:
+    L: list[str] = []
+    _md_header(record, L.append, notes)
+    for mode in record["settings"]["modes"]:
+        if summary["servers"].get(mode):
+            _md_servers(record, summary, mode, L.append)
+    for section in (_md_inproc, _md_ablation, _md_parity, _md_claims):
+        section(record, summary, L.append)
+    L.append("## Plots\n")
+    for p in PLOTS:
+        L.append(f"![{p[:-4].replace('_', ' ')}]({p})")
+    L.append("")
+    L.append("Every run's raw data (per repetition, every latency) is in `run.json` next to this report.")
+    return "\n".join(L) + "\n"
+
+
+def _md_header(record: dict, add, notes: list[str] | None) -> None:
     s, meta = record["settings"], record["meta"]
-    conc = list(s["concurrency"])
     lo, hi = _load_range(record)
-    L = []
-    add = L.append
     add(f"# rmscore benchmark: preset `{s['preset']}`\n")
     add(f"- Run: {meta.get('started', '?')} to {meta.get('finished', '(unfinished)')}, commit "
         f"`{meta.get('commit', '')[:12]}`, client: {meta.get('client')}.")
@@ -85,116 +102,124 @@ def markdown(record: dict, summary: dict, notes: list[str] | None = None) -> str
         add("- Skipped: " + "; ".join(f"{k['kind']} ({k['reason']})" for k in record["skipped"]))
     add("")
 
-    for mode in s["modes"]:
-        data = summary["servers"].get(mode) or {}
-        if not data:
-            continue
-        add(f"## Servers, {mode}\n")
-        add("### Closed-loop throughput (sequences/s)\n")
-        add("| configuration | " + " | ".join(f"C={c}" for c in conc) + " |")
-        add("|---|" + "---:|" * len(conc))
-        for cid, figs in data.items():
-            add(f"| {_short(cid)} | " + " | ".join(_fmt(figs[f'closed.c{c}.throughput']) for c in conc) + " |")
-        add("\n### Closed-loop latency per request (ms)\n")
-        add("| configuration | C | p50 | p95 | p99 |")
-        add("|---|---:|---:|---:|---:|")
-        for cid, figs in data.items():
-            for c in conc:
-                add(f"| {_short(cid)} | {c} | " + " | ".join(_fmt(figs[f'closed.c{c}.{q}']) for q in
-                                                         ("p50", "p95", "p99")) + " |")
-        add(f"\n### Open loop, {s['open_rate_seq_s']:g} sequences/s offered\n")
-        add("| configuration | answered seq/s | p50 ms | p95 ms | p99 ms | shed | request errors | failed starts |")
-        add("|---|---:|---:|---:|---:|---:|---:|---:|")
-        for cid, figs in data.items():
-            e = summary["errors"][mode][cid]
-            add(f"| {_short(cid)} | {_fmt(figs['open.throughput'])} | " +
-                " | ".join(_fmt(figs[f'open.{q}']) for q in ("p50", "p95", "p99")) +
-                f" | {e['shed']} | {e['request_errors']} | {e['failed_starts']} |")
-        add(f"\n### Rollout makespan ({s['rollout_size']} sequences, chunks of {s['chunk_size']})\n")
-        add("| configuration | makespan s |")
-        add("|---|---:|")
-        for cid, figs in data.items():
-            add(f"| {_short(cid)} | {_fmt(figs['rollout.makespan'])} |")
-        add("\n### Pairwise: do the 95% intervals overlap?\n")
-        keys = [f"closed.c{c}.throughput" for c in conc] + [f"closed.c{conc[-1]}.p95", "open.p95",
-                                                              "rollout.makespan"]
-        labels = {f["key"]: f"{f['label']} ({f['unit']})" for f in summary["figures"]}
-        add("| figure | A | B | verdict | A/B |")
-        add("|---|---|---|---|---:|")
-        for k in keys:
-            for p in summary["pairs"][mode].get(k, []):
-                add(f"| {labels[k]} | {p['a']} | {p['b']} | {_verdict_text(p)} | {_ratio(p['ratio_a_over_b'])} |")
-        add("")
 
-    if summary.get("inproc"):
-        add("## In-process runtimes (no server)\n")
-        add(f"Whole rollouts of {s['rollout_size']} sequences, batched by the servers' length-aware planner with "
-            "the same limits and threads; no transport, no queue.\n")
-        add("| runtime | seq/s | makespan s |")
-        add("|---|---:|---:|")
-        for rt, v in summary["inproc"].items():
-            add(f"| {rt} | {_fmt(v['throughput'])} | {_fmt(v['makespan'])} |")
-        add("")
-        for k, ps in summary["inproc_pairs"].items():
-            for p in ps:
-                add(f"- {k}: {p['a']} vs {p['b']}: {_verdict_text(p)} (A/B {_ratio(p['ratio_a_over_b'])})")
-        iso = summary["servers"].get("isolated") or {}
-        if iso:
-            add("\nServed against in-process, rollout makespan (isolated):\n")
-            add("| configuration | served s | in-process s (same runtime) | served / in-process |")
-            add("|---|---:|---:|---:|")
-            for cid, figs in iso.items():
-                backend = next(c["backend"] for c in record["configs"] if c["id"] == cid)
-                base = summary["inproc"].get(backend)
-                ratio = figs["rollout.makespan"]["mean"] / base["makespan"]["mean"] if base else float("nan")
-                add(f"| {cid} | {_fmt(figs['rollout.makespan'])} | {_fmt(base['makespan']) if base else 'n/a'} | "
-                    f"{_ratio(ratio)} |")
-        add("")
-
-    if summary.get("ablation"):
-        ab = record["inproc"]["ablation"]
-        add("## Batching ablation (in-process)\n")
-        add(f"{ab['backend']}, rollouts of {ab['rollout_size']} sequences that arrived together, cut into batches by "
-            f"`rmscore.core.planner.plan`: `no_batching` = one sequence per batch; `fifo_fixed` = arrival order, "
-            f"{ab['max_batch_size']} per batch; `token_budget` = arrival order, at most {ab['max_batch_tokens']} "
-            "padded tokens; `length_aware` = the servers' policy (both limits). Order of policies rotated per "
-            "repetition.\n")
-        add("| policy | seq/s | makespan s | real/padded tokens | batches | max abs score diff vs no_batching |")
-        add("|---|---:|---:|---:|---:|---:|")
-        for p, v in summary["ablation"].items():
-            add(f"| {p} | {_fmt(v['throughput'])} | {_fmt(v['makespan'])} | {_fmt(v['padding_efficiency'])} | "
-                f"{_fmt(v['batches'])} | {v['max_abs_score_diff_vs_no_batching']:.1e} |")
-        add("")
-        for p in summary["ablation_pairs"].get("throughput", []):
-            add(f"- throughput: {p['a']} vs {p['b']}: {_verdict_text(p)} (A/B {_ratio(p['ratio_a_over_b'])})")
-        add("")
-
-    par = summary.get("parity") or {}
-    if par.get("reference"):
-        add("## Parity\n")
-        add(f"Largest |score − {par['reference']} score| over a fixed set of {s['parity_set_size']} sequences "
-            "(each scored alone in-process; through each server in repetition 0, batched as the server likes).\n")
-        add("| scorer | max abs diff |")
-        add("|---|---:|")
-        for k, v in {**{f"in-process {k}": v for k, v in par["runtimes"].items()}, **par["servers"]}.items():
-            add(f"| {k} | {v:.1e} |")
-        add("")
-
-    claims = study_claims(record, summary)
-    if claims:
-        add("## The study's CPU claims beside this run\n")
-        add("| the study (CPU) | this run | agrees? |")
-        add("|---|---|---|")
-        for c in claims:
-            add(f"| {c['claim']} | {c['evidence']} | {c['agrees']} |")
-        add("")
-
-    add("## Plots\n")
-    for p in PLOTS:
-        add(f"![{p[:-4].replace('_', ' ')}]({p})")
+def _md_servers(record: dict, summary: dict, mode: str, add) -> None:
+    s = record["settings"]
+    conc = list(s["concurrency"])
+    data = summary["servers"][mode]
+    add(f"## Servers, {mode}\n")
+    add("### Closed-loop throughput (sequences/s)\n")
+    add("| configuration | " + " | ".join(f"C={c}" for c in conc) + " |")
+    add("|---|" + "---:|" * len(conc))
+    for cid, figs in data.items():
+        add(f"| {_short(cid)} | " + " | ".join(fmt_ci(figs[f'closed.c{c}.throughput']) for c in conc) + " |")
+    add("\n### Closed-loop latency per request (ms)\n")
+    add("| configuration | C | p50 | p95 | p99 |")
+    add("|---|---:|---:|---:|---:|")
+    for cid, figs in data.items():
+        for c in conc:
+            add(f"| {_short(cid)} | {c} | " + " | ".join(fmt_ci(figs[f'closed.c{c}.{q}']) for q in
+                                                     ("p50", "p95", "p99")) + " |")
+    add(f"\n### Open loop, {s['open_rate_seq_s']:g} sequences/s offered\n")
+    add("| configuration | answered seq/s | p50 ms | p95 ms | p99 ms | shed | request errors | failed starts |")
+    add("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for cid, figs in data.items():
+        e = summary["errors"][mode][cid]
+        add(f"| {_short(cid)} | {fmt_ci(figs['open.throughput'])} | " +
+            " | ".join(fmt_ci(figs[f'open.{q}']) for q in ("p50", "p95", "p99")) +
+            f" | {e['shed']} | {e['request_errors']} | {e['failed_starts']} |")
+    add(f"\n### Rollout makespan ({s['rollout_size']} sequences, chunks of {s['chunk_size']})\n")
+    add("| configuration | makespan s |")
+    add("|---|---:|")
+    for cid, figs in data.items():
+        add(f"| {_short(cid)} | {fmt_ci(figs['rollout.makespan'])} |")
+    add("\n### Pairwise: do the 95% intervals overlap?\n")
+    keys = [f"closed.c{c}.throughput" for c in conc] + [f"closed.c{conc[-1]}.p95", "open.p95",
+                                                          "rollout.makespan"]
+    labels = {f["key"]: f"{f['label']} ({f['unit']})" for f in summary["figures"]}
+    add("| figure | A | B | verdict | A/B |")
+    add("|---|---|---|---|---:|")
+    for k in keys:
+        for p in summary["pairs"][mode].get(k, []):
+            add(f"| {labels[k]} | {p['a']} | {p['b']} | {_verdict_text(p)} | {_ratio(p['ratio_a_over_b'])} |")
     add("")
-    add("Every run's raw data (per repetition, every latency) is in `run.json` next to this report.")
-    return "\n".join(L) + "\n"
+
+
+def _md_inproc(record: dict, summary: dict, add) -> None:
+    s = record["settings"]
+    if not summary.get("inproc"):
+        return
+    add("## In-process runtimes (no server)\n")
+    add(f"Whole rollouts of {s['rollout_size']} sequences, batched by the servers' length-aware planner with "
+        "the same limits and threads; no transport, no queue.\n")
+    add("| runtime | seq/s | makespan s |")
+    add("|---|---:|---:|")
+    for rt, v in summary["inproc"].items():
+        add(f"| {rt} | {fmt_ci(v['throughput'])} | {fmt_ci(v['makespan'])} |")
+    add("")
+    for k, ps in summary["inproc_pairs"].items():
+        for p in ps:
+            add(f"- {k}: {p['a']} vs {p['b']}: {_verdict_text(p)} (A/B {_ratio(p['ratio_a_over_b'])})")
+    iso = summary["servers"].get("isolated") or {}
+    if iso:
+        add("\nServed against in-process, rollout makespan (isolated):\n")
+        add("| configuration | served s | in-process s (same runtime) | served / in-process |")
+        add("|---|---:|---:|---:|")
+        for cid, figs in iso.items():
+            backend = next(c["backend"] for c in record["configs"] if c["id"] == cid)
+            base = summary["inproc"].get(backend)
+            ratio = figs["rollout.makespan"]["mean"] / base["makespan"]["mean"] if base else float("nan")
+            add(f"| {cid} | {fmt_ci(figs['rollout.makespan'])} | {fmt_ci(base['makespan']) if base else 'n/a'} | "
+                f"{_ratio(ratio)} |")
+    add("")
+
+
+def _md_ablation(record: dict, summary: dict, add) -> None:
+    if not summary.get("ablation"):
+        return
+    ab = record["inproc"]["ablation"]
+    add("## Batching ablation (in-process)\n")
+    add(f"{ab['backend']}, rollouts of {ab['rollout_size']} sequences that arrived together, cut into batches by "
+        f"`rmscore.core.planner.plan`: `no_batching` = one sequence per batch; `fifo_fixed` = arrival order, "
+        f"{ab['max_batch_size']} per batch; `token_budget` = arrival order, at most {ab['max_batch_tokens']} "
+        "padded tokens; `length_aware` = the servers' policy (both limits). Order of policies rotated per "
+        "repetition.\n")
+    add("| policy | seq/s | makespan s | real/padded tokens | batches | max abs score diff vs no_batching |")
+    add("|---|---:|---:|---:|---:|---:|")
+    for p, v in summary["ablation"].items():
+        add(f"| {p} | {fmt_ci(v['throughput'])} | {fmt_ci(v['makespan'])} | {fmt_ci(v['padding_efficiency'])} | "
+            f"{fmt_ci(v['batches'])} | {v['max_abs_score_diff_vs_no_batching']:.1e} |")
+    add("")
+    for p in summary["ablation_pairs"].get("throughput", []):
+        add(f"- throughput: {p['a']} vs {p['b']}: {_verdict_text(p)} (A/B {_ratio(p['ratio_a_over_b'])})")
+    add("")
+
+
+def _md_parity(record: dict, summary: dict, add) -> None:
+    s = record["settings"]
+    par = summary.get("parity") or {}
+    if not par.get("reference"):
+        return
+    add("## Parity\n")
+    add(f"Largest |score − {par['reference']} score| over a fixed set of {s['parity_set_size']} sequences "
+        "(each scored alone in-process; through each server in repetition 0, batched as the server likes).\n")
+    add("| scorer | max abs diff |")
+    add("|---|---:|")
+    for k, v in {**{f"in-process {k}": v for k, v in par["runtimes"].items()}, **par["servers"]}.items():
+        add(f"| {k} | {v:.1e} |")
+    add("")
+
+
+def _md_claims(record: dict, summary: dict, add) -> None:
+    claims = study_claims(record, summary)
+    if not claims:
+        return
+    add("## The study's CPU claims beside this run\n")
+    add("| the study (CPU) | this run | agrees? |")
+    add("|---|---|---|")
+    for c in claims:
+        add(f"| {c['claim']} | {c['evidence']} | {c['agrees']} |")
+    add("")
 
 
 def _highest_c_key(record: dict) -> str:
@@ -228,97 +253,116 @@ def study_claims(record: dict, summary: dict) -> list[dict]:
     Verdicts follow the overlap test: a claimed difference is reproduced only when the intervals are
     separated in the claimed direction; overlapping intervals mean "not reproduced", not "refuted";
     separation the other way contradicts the claim."""
-    out = []
+    out = _claim_parity(record, summary)
     iso = summary["servers"].get("isolated") or {}
-    par = summary.get("parity") or {}
-    ip = summary.get("inproc") or {}
-    key = _highest_c_key(record)
-    C = list(record["settings"]["concurrency"])[-1]
-    first = record["settings"]["batching"][0]
-    cpp0 = f"cpp-grpc/{first}"
-    if par.get("servers", {}).get(cpp0) is not None:
-        d = par["servers"][cpp0]
-        out.append({"claim": f"C++ ORT matches PyTorch to {STUDY_PARITY:.1e}",
-                    "evidence": f"max abs diff of cpp-grpc vs in-process eager on the parity set: {d:.1e}",
-                    "agrees": "yes" if d <= 1e-5 else "no (larger difference)"})
-    figures = ((key, f"throughput C={C}"), ("rollout.makespan", "rollout makespan"))
     for batching in record["settings"]["batching"]:
-        cpp = f"cpp-grpc/{batching}"
-        if cpp not in iso:
+        if f"cpp-grpc/{batching}" in iso:
+            out += _claims_cpp_vs(record, summary, batching)
+    out += _claim_batching(record, summary)
+    return out
+
+
+def _claim_figures(record: dict) -> tuple[tuple[str, str], ...]:
+    C = list(record["settings"]["concurrency"])[-1]
+    return (_highest_c_key(record), f"throughput C={C}"), ("rollout.makespan", "rollout makespan")
+
+
+def _claim_parity(record: dict, summary: dict) -> list[dict]:
+    cpp0 = f"cpp-grpc/{record['settings']['batching'][0]}"
+    d = (summary.get("parity") or {}).get("servers", {}).get(cpp0)
+    if d is None:
+        return []
+    return [{"claim": f"C++ ORT matches PyTorch to {STUDY_PARITY:.1e}",
+             "evidence": f"max abs diff of cpp-grpc vs in-process eager on the parity set: {d:.1e}",
+             "agrees": "yes" if d <= 1e-5 else "no (larger difference)"}]
+
+
+def _claims_cpp_vs(record: dict, summary: dict, batching: str) -> list[dict]:
+    """C++ ORT against each other server kind, and where the gain comes from, for one batching policy."""
+    iso = summary["servers"]["isolated"]
+    cpp, figures, out = f"cpp-grpc/{batching}", _claim_figures(record), []
+    for other in ("py-grpc-eager", "py-grpc-compile", "py-http-onnxruntime"):
+        oid = f"{other}/{batching}"
+        if oid not in iso:
             continue
-        for other in ("py-grpc-eager", "py-grpc-compile", "py-http-onnxruntime"):
-            oid = f"{other}/{batching}"
-            if oid not in iso:
+        parts, states = [], []
+        for k, label in figures:
+            p = _find_pair(summary, "isolated", k, cpp, oid)
+            if p is None:
                 continue
-            parts, states = [], []
-            for k, label in figures:
-                p = _find_pair(summary, "isolated", k, cpp, oid)
-                if p is None:
-                    continue
-                states.append(_separated_for(p, cpp))
-                parts.append(f"{label}: {_verdict_text(p)}, cpp/other {_ratio(_ratio_for(p, cpp))}")
-            if "no" in states:
-                agree = f"no: {other} ahead with separated intervals"
-            elif states and all(x == "yes" for x in states):
-                agree = "yes"
-            elif "yes" in states:
-                agree = "partly"
-            else:
-                agree = "not reproduced: intervals overlap"
-            out.append({"claim": f"C++ ORT beats {other} ({batching}) with non-overlapping CIs",
-                        "evidence": "; ".join(parts), "agrees": agree})
-        pyort = f"py-grpc-onnxruntime/{batching}"
-        if pyort in iso:
-            lang = [_find_pair(summary, "isolated", k, cpp, pyort) for k, _ in figures]
-            ev = [f"cpp vs py-grpc-onnxruntime, {lab}: {_verdict_text(x)}" for (_, lab), x in zip(figures, lang) if x]
-            same_runtime = all(x["verdict"] == "overlap" for x in lang if x)
-            ort_ahead = "n/a"
-            r = [x for x in (summary.get("inproc_pairs") or {}).get("makespan", [])
-                 if {x["a"], x["b"]} == {"onnxruntime", "eager"}]
-            if r:
-                ort_ahead = _separated_for(r[0], "onnxruntime")
-                ev.append(f"in-process onnxruntime vs eager, makespan: {_verdict_text(r[0])}")
-            if not same_runtime:
-                agree = "no: C++ and Python servers on the same ORT differ (separated)"
-            elif ort_ahead == "yes":
-                agree = "yes"
-            elif ort_ahead == "no":
-                agree = "no: eager ahead of ORT in-process"
-            else:
-                agree = "partly: C++ and Python ORT indistinguishable; ORT ahead of eager not shown (overlap)"
-            out.append({"claim": f"the gain comes from ORT, not from C++ ({batching})", "evidence": "; ".join(ev),
-                        "agrees": agree})
+            states.append(_separated_for(p, cpp))
+            parts.append(f"{label}: {_verdict_text(p)}, cpp/other {_ratio(_ratio_for(p, cpp))}")
+        if "no" in states:
+            agree = f"no: {other} ahead with separated intervals"
+        elif states and all(x == "yes" for x in states):
+            agree = "yes"
+        elif "yes" in states:
+            agree = "partly"
+        else:
+            agree = "not reproduced: intervals overlap"
+        out.append({"claim": f"C++ ORT beats {other} ({batching}) with non-overlapping CIs",
+                    "evidence": "; ".join(parts), "agrees": agree})
+    if f"py-grpc-onnxruntime/{batching}" in iso:
+        out.append(_claim_ort_not_cpp(summary, batching, figures))
+    return out
+
+
+def _claim_ort_not_cpp(summary: dict, batching: str, figures) -> dict:
+    cpp, pyort = f"cpp-grpc/{batching}", f"py-grpc-onnxruntime/{batching}"
+    lang = [_find_pair(summary, "isolated", k, cpp, pyort) for k, _ in figures]
+    ev = [f"cpp vs py-grpc-onnxruntime, {lab}: {_verdict_text(x)}" for (_, lab), x in zip(figures, lang) if x]
+    same_runtime = all(x["verdict"] == "overlap" for x in lang if x)
+    ort_ahead = "n/a"
+    r = [x for x in (summary.get("inproc_pairs") or {}).get("makespan", [])
+         if {x["a"], x["b"]} == {"onnxruntime", "eager"}]
+    if r:
+        ort_ahead = _separated_for(r[0], "onnxruntime")
+        ev.append(f"in-process onnxruntime vs eager, makespan: {_verdict_text(r[0])}")
+    if not same_runtime:
+        agree = "no: C++ and Python servers on the same ORT differ (separated)"
+    elif ort_ahead == "yes":
+        agree = "yes"
+    elif ort_ahead == "no":
+        agree = "no: eager ahead of ORT in-process"
+    else:
+        agree = "partly: C++ and Python ORT indistinguishable; ORT ahead of eager not shown (overlap)"
+    return {"claim": f"the gain comes from ORT, not from C++ ({batching})", "evidence": "; ".join(ev),
+            "agrees": agree}
+
+
+def _claim_batching(record: dict, summary: dict) -> list[dict]:
     ab = summary.get("ablation") or {}
     ab_pairs = (summary.get("ablation_pairs") or {}).get("throughput", [])
-    if ab and ab_pairs:
-        best = max(ab, key=lambda p: ab[p]["throughput"]["mean"])
-        worst = min(ab, key=lambda p: ab[p]["throughput"]["mean"])
-        pb = next(x for x in ab_pairs if {x["a"], x["b"]} == {best, worst})
-        batching_shown = _separated_for(pb, best) == "yes"
-        ev = [f"batching, {best} vs {worst}: {_ratio(_ratio_for(pb, best))}x, {_verdict_text(pb)}"]
-        others_separated = []
-        rt_pairs = (summary.get("inproc_pairs") or {}).get("throughput", [])
-        for x in rt_pairs:
-            ev.append(f"runtime in-process, {x['a']} vs {x['b']}: {_ratio(x['ratio_a_over_b'])}x, {_verdict_text(x)}")
-            if x["verdict"] in ("A", "B"):
-                others_separated.append(abs(math.log(x["ratio_a_over_b"])))
-        for k, label in figures:
-            p = _find_pair(summary, "isolated", k, cpp0, f"py-grpc-onnxruntime/{first}")
-            if p:
-                ev.append(f"language (C++ vs Python, both ORT), {label}: {_ratio(_ratio_for(p, cpp0))}x, "
-                          f"{_verdict_text(p)}")
-                if p["verdict"] in ("A", "B"):
-                    others_separated.append(abs(math.log(p["ratio_a_over_b"])))
-        effect = abs(math.log(_ratio_for(pb, best)))
-        if not batching_shown:
-            agree = "not reproduced: batching policies overlap"
-        elif all(e < effect for e in others_separated):
-            agree = "yes: the largest separated difference is between batching policies"
-        else:
-            agree = "no: a runtime or language difference is larger"
-        out.append({"claim": "batching strategy matters more than language or runtime", "evidence": "; ".join(ev),
-                    "agrees": agree})
-    return out
+    if not (ab and ab_pairs):
+        return []
+    first = record["settings"]["batching"][0]
+    cpp0 = f"cpp-grpc/{first}"
+    best = max(ab, key=lambda p: ab[p]["throughput"]["mean"])
+    worst = min(ab, key=lambda p: ab[p]["throughput"]["mean"])
+    pb = next(x for x in ab_pairs if {x["a"], x["b"]} == {best, worst})
+    batching_shown = _separated_for(pb, best) == "yes"
+    ev = [f"batching, {best} vs {worst}: {_ratio(_ratio_for(pb, best))}x, {_verdict_text(pb)}"]
+    others_separated = []
+    for x in (summary.get("inproc_pairs") or {}).get("throughput", []):
+        ev.append(f"runtime in-process, {x['a']} vs {x['b']}: {_ratio(x['ratio_a_over_b'])}x, {_verdict_text(x)}")
+        if x["verdict"] in ("A", "B"):
+            others_separated.append(abs(math.log(x["ratio_a_over_b"])))
+    for k, label in _claim_figures(record):
+        p = _find_pair(summary, "isolated", k, cpp0, f"py-grpc-onnxruntime/{first}")
+        if p:
+            ev.append(f"language (C++ vs Python, both ORT), {label}: {_ratio(_ratio_for(p, cpp0))}x, "
+                      f"{_verdict_text(p)}")
+            if p["verdict"] in ("A", "B"):
+                others_separated.append(abs(math.log(p["ratio_a_over_b"])))
+    effect = abs(math.log(_ratio_for(pb, best)))
+    if not batching_shown:
+        agree = "not reproduced: batching policies overlap"
+    elif all(e < effect for e in others_separated):
+        agree = "yes: the largest separated difference is between batching policies"
+    else:
+        agree = "no: a runtime or language difference is larger"
+    return [{"claim": "batching strategy matters more than language or runtime", "evidence": "; ".join(ev),
+             "agrees": agree}]
 
 
 # ---- plots ---------------------------------------------------------------------------------
@@ -329,12 +373,15 @@ def plots(record: dict, summary: dict, out_dir: pathlib.Path) -> list[pathlib.Pa
     import matplotlib.pyplot as plt
 
     out_dir = pathlib.Path(out_dir)
+    modes = [m for m in record["settings"]["modes"] if summary["servers"].get(m)]
+    drawings = (_plot_throughput, _plot_latency, _plot_makespan, _plot_ablation)
+    return [_save(draw(plt, record, summary, modes), out_dir / name, plt) for draw, name in zip(drawings, PLOTS)]
+
+
+def _plot_throughput(plt, record: dict, summary: dict, modes: list[str]):
+    """Throughput vs concurrency with CI bands."""
     s = record["settings"]
     conc = list(s["concurrency"])
-    modes = [m for m in s["modes"] if summary["servers"].get(m)]
-    written = []
-
-    # 1. throughput vs concurrency with CI bands
     fig, axes = plt.subplots(1, max(1, len(modes)), figsize=(6.5 * max(1, len(modes)), 4.5), squeeze=False)
     for ax, mode in zip(axes[0], modes or ["isolated"]):
         for cid, figs in (summary["servers"].get(mode) or {}).items():
@@ -352,9 +399,13 @@ def plots(record: dict, summary: dict, out_dir: pathlib.Path) -> list[pathlib.Pa
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    written.append(_save(fig, out_dir / PLOTS[0], plt))
+    return fig
 
-    # 2. latency distributions (per-request latencies pooled over repetitions)
+
+def _plot_latency(plt, record: dict, summary: dict, modes: list[str]):
+    """Latency distributions (per-request latencies pooled over repetitions)."""
+    s = record["settings"]
+    conc = list(s["concurrency"])
     cols = [f"C={c}" for c in conc] + ["open loop"]
     fig, axes = plt.subplots(max(1, len(modes)), len(cols), figsize=(3.2 * len(cols), 3.6 * max(1, len(modes))),
                              squeeze=False)
@@ -390,9 +441,12 @@ def plots(record: dict, summary: dict, out_dir: pathlib.Path) -> list[pathlib.Pa
             ax.grid(alpha=0.3, axis="y")
     fig.suptitle("Latency distributions: box = p25..p75, line = median, whiskers = p1..p99", fontsize=10)
     fig.tight_layout()
-    written.append(_save(fig, out_dir / PLOTS[1], plt))
+    return fig
 
-    # 3. rollout makespan: servers per mode, and in-process runtimes
+
+def _plot_makespan(plt, record: dict, summary: dict, modes: list[str]):
+    """Rollout makespan: servers per mode, and in-process runtimes."""
+    s = record["settings"]
     labels, means, errs, colors = [], [], [], []
     palette = {"isolated": "tab:blue", "contended": "tab:orange", "in-process": "tab:green"}
     for mode in modes:
@@ -421,9 +475,11 @@ def plots(record: dict, summary: dict, out_dir: pathlib.Path) -> list[pathlib.Pa
     ax.set_title("Rollout makespan: mean and 95% CI")
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    written.append(_save(fig, out_dir / PLOTS[2], plt))
+    return fig
 
-    # 4. batching ablation
+
+def _plot_ablation(plt, record: dict, summary: dict, modes: list[str]):
+    """Batching ablation."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ab = summary.get("ablation") or {}
     if ab:
@@ -445,9 +501,7 @@ def plots(record: dict, summary: dict, out_dir: pathlib.Path) -> list[pathlib.Pa
     ax.set_ylabel("throughput (sequences/s)")
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    written.append(_save(fig, out_dir / PLOTS[3], plt))
-    return written
-
+    return fig
 
 def _save(fig, path: pathlib.Path, plt) -> pathlib.Path:
     fig.savefig(path, dpi=110)

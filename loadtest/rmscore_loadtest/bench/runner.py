@@ -146,7 +146,7 @@ class Bench:
             "format": "rmscore-bench/1",
             "meta": {**machine_info(), "started": started.isoformat(timespec="seconds"),
                      "load_avg_start": list(os.getloadavg()), "model": self.model,
-                     "client": caller.implementation(), "length_mix": self.mix.describe()},
+                     "client": "rmscore_client", "length_mix": self.mix.describe()},
             "settings": self.s.as_dict(),
             "configs": [c.as_dict() for c in configs],
             "skipped": skipped,
@@ -324,7 +324,7 @@ class Bench:
         finally:
             for cl in conns:
                 try:
-                    await caller.aclose(cl)
+                    await cl.close()
                 except Exception:  # noqa: BLE001
                     pass
 

@@ -28,7 +28,6 @@ import concurrent.futures as cf
 import json
 import os
 import pathlib
-import re
 import signal
 import subprocess
 import tempfile
@@ -39,8 +38,9 @@ import numpy as np
 
 from rmscore.tools import launch
 from rmscore_loadtest import caller, loadgen
+from rmscore_loadtest.observe import metric, rss_mb  # noqa: F401 - part of this module's figures API
 from rmscore_loadtest.stats import percentiles
-from rmscore_loadtest.workload import LengthMix
+from rmscore_loadtest.workload import LengthMix, make_rollout
 
 ROOT = launch.ROOT
 MODEL = ROOT / "models" / "default"
@@ -61,25 +61,6 @@ def start(kind: str, port: int = 0, ready_timeout_s: float = 400, model: str | o
                         log_dir=tempfile.mkdtemp(prefix=f"rmscore-faults-{kind}-"), **{**FLAGS, **flags})
 
 
-def rss_mb(pid: int) -> float:
-    """Resident memory of one process (VmRSS), MiB."""
-    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
-
-
-def metric(server, name: str, **labels) -> float:
-    """Sum of the samples of `name` whose labels include `labels` (Prometheus text format)."""
-    total = 0.0
-    want = [f'{k}="{v}"' for k, v in labels.items()]
-    for line in server.metrics_text().splitlines():
-        m = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", line)
-        if m and all(w in (m.group(1) or "") for w in want):
-            total += float(m.group(2))
-    return total
-
-
 def wait_idle(server, timeout_s: float = 60) -> bool:
     """True once nothing is in flight or queued (the server is done with what it accepted)."""
     end = time.monotonic() + timeout_s
@@ -90,10 +71,6 @@ def wait_idle(server, timeout_s: float = 60) -> bool:
     return False
 
 
-def _target(server) -> str:
-    return server.target if server.transport == "grpc" else server.base_url
-
-
 def golden_ok(server, tolerance: float = 1e-4) -> bool:
     """The manifest's golden sequences score as exported: the server answers, and answers right."""
     manifest = json.loads((MODEL / "manifest.json").read_text())
@@ -101,23 +78,16 @@ def golden_ok(server, tolerance: float = 1e-4) -> bool:
     want = np.array([g["score"] for g in manifest["golden"]])
 
     async def run():
-        c = caller.async_client(server.transport, _target(server), chunk_size=len(ids), timeout_s=60)
+        c = caller.async_client(server.transport, caller.target_of(server), chunk_size=len(ids), timeout_s=60)
         try:
             return await loadgen.score_set(c, ids)
         finally:
-            await caller.aclose(c)
+            await c.close()
     try:
         got = np.array(asyncio.run(run()))
     except Exception:  # noqa: BLE001 - any failure is "not serving normally"
         return False
     return bool(got.shape == want.shape and np.abs(got - want).max() <= tolerance)
-
-
-def _code(e: BaseException) -> str:
-    code = getattr(e, "code", None)
-    if callable(code):
-        code = code()
-    return getattr(code, "name", code) or type(e).__name__
 
 
 def _requests(lengths: str, chunk_size: int, seed: int, pool: int = 128) -> list:
@@ -127,54 +97,28 @@ def _requests(lengths: str, chunk_size: int, seed: int, pool: int = 128) -> list
 # ---- overload ------------------------------------------------------------------------------
 
 async def _capacity(server, requests, concurrency: int, seconds: float) -> float:
-    c = caller.async_client(server.transport, _target(server), chunk_size=len(requests[0]), timeout_s=120)
+    c = caller.async_client(server.transport, caller.target_of(server), chunk_size=len(requests[0]), timeout_s=120)
     try:
         await loadgen.warmup(c, requests, concurrency, min(2.0, seconds))
         r = await loadgen.closed_loop(c, requests, concurrency, seconds, settle_s=0.5, max_settle_s=60)
     finally:
-        await caller.aclose(c)
+        await c.close()
     if not r["throughput_seq_s"] > 0:
         raise RuntimeError(f"{server.kind}: no capacity measured: {r['errors']} errors {r['error_kinds']}, "
                            f"{r['requests']} requests in the window")
     return r["throughput_seq_s"]
 
 
-async def _open_loop(server, requests, rate_rps: float, seconds: float, seed: int, timeout_s: float) -> list:
-    """Poisson arrivals, each sent at its time with no client-side cap; one record per request."""
-    rng = np.random.default_rng([seed, 4])
-    arrivals, t = [], 0.0
-    while (t := t + rng.exponential(1.0 / rate_rps)) < seconds:
-        arrivals.append(t)
-    c = caller.async_client(server.transport, _target(server), chunk_size=len(requests[0]), timeout_s=timeout_s)
-    records: list[dict] = []
-
-    async def one(k: int) -> None:
-        req = requests[k % len(requests)]
-        sent = time.perf_counter()
-        try:
-            n = len((await c.score_ids(req)).scores)
-            outcome = "OK" if n == len(req) else f"WRONG_COUNT({n}/{len(req)})"
-        except Exception as e:  # noqa: BLE001 - every outcome is recorded by its code
-            outcome = _code(e)
-        records.append({"sent_s": sent - t0, "ms": (time.perf_counter() - sent) * 1e3, "outcome": outcome,
-                        "sequences": len(req)})
-
-    tasks = []
-    t0 = time.perf_counter()
+async def _open_loop(server, requests, rate_seq_s: float, seconds: float, seed: int, timeout_s: float) -> list:
+    """Poisson arrivals, each sent at its time with no client-side cap; one outcome per request."""
+    c = caller.async_client(server.transport, caller.target_of(server), chunk_size=len(requests[0]),
+                            timeout_s=timeout_s)
     try:
-        for k, at in enumerate(arrivals):
-            delay = t0 + at - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(k)))
-        done, pending = await asyncio.wait(tasks, timeout=timeout_s + 30) if tasks else (set(), set())
-        for p in pending:
-            p.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        r = await loadgen.open_loop(c, requests, rate_seq_s, len(requests[0]), seconds, seed, max_outstanding=None,
+                                    drain_timeout_s=timeout_s + 30, keep_outcomes=True)
     finally:
-        await caller.aclose(c)
-    # A request cancelled here never got its answer: it is among the `offered` but not the records.
-    return [*records, *({"outcome": "NO_ANSWER"} for _ in range(len(arrivals) - len(records)))]
+        await c.close()
+    return r["outcomes"]
 
 
 def overload(server, *, seconds: float = 20.0, factor: float = 4.0, chunk_size: int = 8,
@@ -183,12 +127,11 @@ def overload(server, *, seconds: float = 20.0, factor: float = 4.0, chunk_size: 
     """`factor` x the measured capacity, open loop, for `seconds`: one answer per request, refusals fast."""
     requests = _requests(lengths, chunk_size, seed)
     capacity = asyncio.run(_capacity(server, requests, concurrency, capacity_seconds))
-    rate_rps = factor * capacity / chunk_size
     queue = server.flags.get("max_queue_sequences", FLAGS["max_queue_sequences"])
     if factor > 1:  # long enough that the excess over capacity overflows the queue, however slow the kind
         seconds = max(seconds, 1.5 * queue / ((factor - 1) * capacity))
     t0 = time.perf_counter()
-    records = asyncio.run(_open_loop(server, requests, rate_rps, seconds, seed, timeout_s))
+    records = asyncio.run(_open_loop(server, requests, factor * capacity, seconds, seed, timeout_s))
     wall_s = time.perf_counter() - t0
     idle = wait_idle(server, 60)
     ok = [r for r in records if r["outcome"] == "OK"]
@@ -235,84 +178,96 @@ def kill_restart(server, *, sequences: int = 256, chunk_size: int = 8, max_concu
                  restart_timeout_s: float = 400, tolerance: float = 1e-4) -> tuple[dict, object]:
     """SIGKILL `server` once `kill_at_fraction` of a rollout's chunks are answered, restart it on the same
     port; the client's retries finish the rollout. Returns (figures, the restarted server)."""
-    from rmscore_client import AsyncHttpRewardClient, AsyncRewardClient, RetryPolicy
-
-    rng = np.random.default_rng([seed, 5])
-    from rmscore_loadtest.workload import make_rollout
-
-    seqs = make_rollout(rng, sequences, LengthMix.parse(lengths))
+    seqs = make_rollout(np.random.default_rng([seed, 5]), sequences, LengthMix.parse(lengths))
     want = reference_scores(seqs)
-    n_chunks = (sequences + chunk_size - 1) // chunk_size
-    answered: dict[int, int] = {}
-    attempts: list[int] = []
-    kill_now = threading.Event()
-    # Retries for as long as a restart can take (the compile kind warms up for minutes).
-    retry = RetryPolicy(max_attempts=100_000, initial_backoff_s=0.05, max_backoff_s=1.0)
-    cls = AsyncRewardClient if server.transport == "grpc" else AsyncHttpRewardClient
-    kind, port, flags = server.kind, server.port, dict(server.flags)
-    fig: dict = {"kind": kind, "sequences": sequences, "chunks": n_chunks, "chunk_size": chunk_size}
-
-    def on_chunk(t) -> None:
-        answered[t.offset] = answered.get(t.offset, 0) + 1
-        attempts.append(t.attempts)
-        if len(answered) >= kill_at_fraction * n_chunks:
-            kill_now.set()
-
-    async def rollout():
-        c = cls(_target(server), chunk_size=chunk_size, max_concurrency=max_concurrency,
-                timeout_s=restart_timeout_s + 120, retry=retry)
-        try:
-            return await c.score_ids(seqs, on_chunk=on_chunk)
-        finally:
-            await c.close()
-
-    result: dict = {}
-
-    def run_client() -> None:
-        try:
-            result["r"] = asyncio.run(rollout())
-        except Exception as e:  # noqa: BLE001
-            result["error"] = f"{_code(e)}: {e}"
-        kill_now.set()
-
+    fig: dict = {"kind": server.kind, "sequences": sequences, "chunks": (sequences + chunk_size - 1) // chunk_size,
+                 "chunk_size": chunk_size}
     t0 = time.perf_counter()
-    th = threading.Thread(target=run_client, daemon=True)
-    th.start()
-    kill_now.wait(restart_timeout_s)
-    fig["answered_before_kill"] = len(answered)
-    fig["killed_mid_run"] = len(answered) < n_chunks and "r" not in result
+    rollout = _RetriedRollout(server, seqs, chunk_size, max_concurrency, kill_at_fraction * fig["chunks"],
+                              restart_timeout_s + 120)
+    rollout.kill_now.wait(restart_timeout_s)
+    fig["answered_before_kill"] = len(rollout.answered)
+    fig["killed_mid_run"] = len(rollout.answered) < fig["chunks"] and "r" not in rollout.result
     fig["in_flight_at_kill"] = metric_safe(server, "rmscore_requests_in_flight")
     server.proc.send_signal(signal.SIGKILL)  # the PID this session started, nothing else
     fig["killed_exit_code"] = server.proc.wait(30)
     t_kill = time.perf_counter()
-    new = None
+    new = _restart(server, restart_timeout_s)
+    fig["restart_s"] = time.perf_counter() - t_kill
+    rollout.thread.join(restart_timeout_s + 180)
+    fig["rollout_s"] = time.perf_counter() - t0
+    fig["same_port"] = new.port == server.port
+    fig.update(_rollout_figures(rollout, want, fig["chunks"], tolerance))
+    return fig, new
+
+
+class _RetriedRollout:
+    """One rollout through rmscore_client with retries, on its own thread; `kill_now` is set once
+    `kill_after` chunks are answered (or the rollout ended)."""
+
+    def __init__(self, server, seqs, chunk_size: int, max_concurrency: int, kill_after: float, timeout_s: float):
+        from rmscore_client import AsyncHttpRewardClient, AsyncRewardClient, RetryPolicy
+
+        self.answered: dict[int, int] = {}
+        self.attempts: list[int] = []
+        self.result: dict = {}
+        self.kill_now = threading.Event()
+        self.kill_after = kill_after
+        cls = AsyncRewardClient if server.transport == "grpc" else AsyncHttpRewardClient
+        # Retries for as long as a restart can take (the compile kind warms up for minutes).
+        retry = RetryPolicy(max_attempts=100_000, initial_backoff_s=0.05, max_backoff_s=1.0)
+        self.make = lambda: cls(caller.target_of(server), chunk_size=chunk_size, max_concurrency=max_concurrency,
+                                timeout_s=timeout_s, retry=retry)
+        self.seqs = seqs
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _on_chunk(self, t) -> None:
+        self.answered[t.offset] = self.answered.get(t.offset, 0) + 1
+        self.attempts.append(t.attempts)
+        if len(self.answered) >= self.kill_after:
+            self.kill_now.set()
+
+    async def _rollout(self):
+        c = self.make()
+        try:
+            return await c.score_ids(self.seqs, on_chunk=self._on_chunk)
+        finally:
+            await c.close()
+
+    def _run(self) -> None:
+        try:
+            self.result["r"] = asyncio.run(self._rollout())
+        except Exception as e:  # noqa: BLE001
+            self.result["error"] = f"{loadgen.error_code(e)}: {e}"
+        self.kill_now.set()
+
+
+def _restart(server, ready_timeout_s: float):
+    """`server`'s kind and flags again on its port."""
     for _ in range(20):  # a port held a moment longer by the kernel: try again rather than give up
         try:
-            new = start(kind, port=port, ready_timeout_s=restart_timeout_s, **flags)
-            break
+            return start(server.kind, port=server.port, ready_timeout_s=ready_timeout_s, **dict(server.flags))
         except RuntimeError as e:
             if "did not bind" not in str(e):
                 raise
             time.sleep(0.5)
-    if new is None:
-        raise RuntimeError(f"{kind}: could not restart on port {port}")
-    fig["restart_s"] = time.perf_counter() - t_kill
-    th.join(restart_timeout_s + 180)
-    fig["rollout_s"] = time.perf_counter() - t0
-    fig["same_port"] = new.port == port
-    r = result.get("r")
-    fig["client_error"] = result.get("error")
+    raise RuntimeError(f"{server.kind}: could not restart on port {server.port}")
+
+
+def _rollout_figures(rollout: _RetriedRollout, want: np.ndarray, n_chunks: int, tolerance: float) -> dict:
+    r = rollout.result.get("r")
     got = np.array(r.scores if r else [])
-    fig["scores"] = len(got)
-    fig["chunks_answered_once"] = sum(1 for v in answered.values() if v == 1)
-    fig["chunks_answered_twice"] = sum(1 for v in answered.values() if v > 1)
-    fig["chunks_retried"] = sum(1 for a in attempts if a > 1)
-    fig["max_attempts"] = max(attempts, default=0)
-    fig["max_abs_error"] = float(np.abs(got - want).max()) if got.shape == want.shape else float("inf")
+    answered, attempts = rollout.answered, rollout.attempts
+    fig = {"client_error": rollout.result.get("error"), "scores": len(got),
+           "chunks_answered_once": sum(1 for v in answered.values() if v == 1),
+           "chunks_answered_twice": sum(1 for v in answered.values() if v > 1),
+           "chunks_retried": sum(1 for a in attempts if a > 1), "max_attempts": max(attempts, default=0),
+           "max_abs_error": float(np.abs(got - want).max()) if got.shape == want.shape else float("inf")}
     fig["complete_unique_correct"] = bool(
         r is not None and got.shape == want.shape and fig["max_abs_error"] <= tolerance
         and len(answered) == n_chunks and fig["chunks_answered_twice"] == 0)
-    return fig, new
+    return fig
 
 
 def metric_safe(server, name: str, **labels) -> float | None:
@@ -324,56 +279,71 @@ def metric_safe(server, name: str, **labels) -> float | None:
 
 # ---- drain ---------------------------------------------------------------------------------
 
-class _Prober:
-    """Blocking calls from a thread: health checks, or small Score calls, one after another."""
+def _probe_score(c: caller.Caller, seqs: list[list[int]], timeout_s: float = 120) -> tuple[str, str]:
+    """(code, detail): ("OK", n scores) or the refusal's code and message. On HTTP, a call that got no
+    answer at all (the listener gone) counts as UNAVAILABLE, as gRPC names it."""
+    try:
+        return "OK", str(len(c.score_ids(seqs, timeout_s=timeout_s).scores))
+    except caller.CallError as e:
+        return e.code, e.message[:200]
+    except Exception as e:  # noqa: BLE001
+        return loadgen.error_code(e) if c.grpc else "UNAVAILABLE", str(e)[:200]
 
-    def __init__(self, server):
-        self.server = server
-        if server.transport == "grpc":
-            import grpc
-            from grpc_health.v1 import health_pb2_grpc
 
-            from rmscore_client.v1 import reward_pb2_grpc
+class _DrainWatch:
+    """Threads that race a SIGTERM: `in_flight` heavy requests, a health poller, and a Score prober
+    sending a new small request every interval (each on its own thread: a probe accepted just before
+    the signal waits behind the in-flight work and must not hold back the probes after it)."""
 
-            # A plain channel: no client-side health checking, so refusals are the server's own.
-            self.channel = grpc.insecure_channel(server.target)
-            self.health = health_pb2_grpc.HealthStub(self.channel)
-            self.stub = reward_pb2_grpc.RewardModelStub(self.channel)
-        else:
-            import httpx
+    def __init__(self, server, reqs: list, grace_s: float, probe_interval_s: float):
+        self.server, self.reqs, self.grace_s, self.interval = server, reqs, grace_s, probe_interval_s
+        self.results: list = [None] * len(reqs)
+        self.stop = threading.Event()
+        self.health: list[tuple[float, float, bool | None]] = []   # (sent, answered, serving)
+        self.probes: list[tuple[float, float, str, str]] = []      # (sent, answered, code, detail)
+        self.workers = [threading.Thread(target=self._heavy, args=(i,), daemon=True) for i in range(len(reqs))]
+        self.watchers = [threading.Thread(target=self._poll_health, daemon=True),
+                         threading.Thread(target=self._probe, daemon=True)]
 
-            self.http = httpx.Client(base_url=server.base_url, timeout=30)
+    def _caller(self) -> caller.Caller:
+        return caller.Caller.to(self.server, timeout_s=30)
 
-    def is_serving(self) -> bool | None:
-        """True/False from the health service; None when nothing answered (the server has gone)."""
+    def _heavy(self, i: int) -> None:
+        c = self._caller()
         try:
-            if self.server.transport == "grpc":
-                from grpc_health.v1 import health_pb2
+            self.results[i] = _probe_score(c, self.reqs[i], timeout_s=self.grace_s + 60)
+        finally:
+            c.close()
 
-                r = self.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
-                return r.status == health_pb2.HealthCheckResponse.SERVING
-            return self.http.get("/readyz").status_code == 200
-        except Exception:  # noqa: BLE001
-            return None
-
-    def score(self, seqs: list[list[int]], timeout_s: float = 120) -> tuple[str, str]:
-        """(code, detail): ("OK", n scores) or the error's code and message."""
+    def _poll_health(self) -> None:
+        c = self._caller()
         try:
-            if self.server.transport == "grpc":
-                r = self.stub.Score(caller.request_pb(seqs), timeout=timeout_s)
-                return "OK", str(len(r.scores))
-            resp = self.http.post("/v1/score", json={"sequences": [{"tokens": s} for s in seqs]}, timeout=timeout_s)
-            if resp.status_code == 200:
-                return "OK", str(len(resp.json()["scores"]))
-            err = resp.json()["error"]
-            return err["code"], err["message"]
-        except Exception as e:  # noqa: BLE001
-            details = getattr(e, "details", None)
-            return _code(e) if self.server.transport == "grpc" else "UNAVAILABLE", \
-                (details() if callable(details) else str(e))[:200]
+            while not self.stop.is_set():
+                t = time.perf_counter()
+                s = c.is_serving(timeout_s=5)
+                self.health.append((t, time.perf_counter(), s))
+                time.sleep(self.interval)
+        finally:
+            c.close()
 
-    def close(self) -> None:
-        self.channel.close() if self.server.transport == "grpc" else self.http.close()
+    def _probe(self) -> None:
+        c = self._caller()
+
+        def once() -> None:
+            t = time.perf_counter()
+            code, detail = _probe_score(c, [[101, 2023, 102]], timeout_s=self.grace_s + 60)
+            self.probes.append((t, time.perf_counter(), code, detail))
+
+        with cf.ThreadPoolExecutor(64) as pool:
+            while not self.stop.is_set():
+                pool.submit(once)
+                time.sleep(max(self.interval, 0.01))
+        c.close()
+
+    def join(self) -> None:
+        self.stop.set()
+        for w in self.workers + self.watchers:
+            w.join(30)
 
 
 def drain(server, *, in_flight: int = 6, sequences_per_request: int = 12, lengths: str = "uniform:32:128",
@@ -381,54 +351,12 @@ def drain(server, *, in_flight: int = 6, sequences_per_request: int = 12, length
     """SIGTERM with `in_flight` requests accepted; a health poller and a Score prober run throughout."""
     grace_s = float(server.flags.get("drain_grace_seconds", FLAGS["drain_grace_seconds"]))
     rng = np.random.default_rng([seed, 6])
-    from rmscore_loadtest.workload import make_rollout
-
     reqs = [make_rollout(rng, sequences_per_request, LengthMix.parse(lengths)) for _ in range(in_flight)]
-    results: list = [None] * in_flight
-    stop = threading.Event()
-    health: list[tuple[float, float, bool | None]] = []   # (sent, answered, serving)
-    probes: list[tuple[float, float, str, str]] = []      # (sent, answered, code, detail)
-
-    def heavy(i: int) -> None:
-        p = _Prober(server)
-        try:
-            results[i] = p.score(reqs[i], timeout_s=grace_s + 60)
-        finally:
-            p.close()
-
-    def poll_health() -> None:
-        p = _Prober(server)
-        try:
-            while not stop.is_set():
-                t = time.perf_counter()
-                s = p.is_serving()
-                health.append((t, time.perf_counter(), s))
-                time.sleep(probe_interval_s)
-        finally:
-            p.close()
-
-    def probe() -> None:
-        # A new probe every interval, each on its own thread: a probe accepted just before the signal
-        # waits behind the in-flight work and must not hold back the probes after it.
-        p = _Prober(server)
-
-        def once() -> None:
-            t = time.perf_counter()
-            code, detail = p.score([[101, 2023, 102]], timeout_s=grace_s + 60)
-            probes.append((t, time.perf_counter(), code, detail))
-
-        with cf.ThreadPoolExecutor(64) as pool:
-            while not stop.is_set():
-                pool.submit(once)
-                time.sleep(max(probe_interval_s, 0.01))
-        p.close()
-
-    workers = [threading.Thread(target=heavy, args=(i,), daemon=True) for i in range(in_flight)]
-    for w in workers:
+    watch = _DrainWatch(server, reqs, grace_s, probe_interval_s)
+    for w in watch.workers:
         w.start()
     _wait_in_flight(server, in_flight)
-    watchers = [threading.Thread(target=poll_health, daemon=True), threading.Thread(target=probe, daemon=True)]
-    for w in watchers:
+    for w in watch.watchers:
         w.start()
     time.sleep(0.2)  # the watchers have seen the server serving
     t_sig = time.perf_counter()
@@ -439,10 +367,20 @@ def drain(server, *, in_flight: int = 6, sequences_per_request: int = 12, length
         server.proc.kill()
         code = server.proc.wait()
     exit_s = time.perf_counter() - t_sig
-    stop.set()
-    for w in workers + watchers:
-        w.join(30)
+    watch.join()
+    results = watch.results
+    return {
+        "kind": server.kind, "grace_s": grace_s, "in_flight": in_flight,
+        "in_flight_answered_ok": sum(1 for r in results if r and r[0] == "OK" and r[1] == str(sequences_per_request)),
+        "in_flight_outcomes": [list(r) if r else None for r in results],
+        **_drain_order(watch.health, watch.probes, t_sig, exit_s),
+        "exit_code": code, "exit_s": exit_s, "exit_within_grace": exit_s <= grace_s,
+        "all_accepted_answered": all(r and r[0] == "OK" for r in results),
+    }
 
+
+def _drain_order(health: list, probes: list, t_sig: float, exit_s: float) -> dict:
+    """What the health checks and probes saw after the signal, in order."""
     def rel_ms(t: float | None) -> float | None:
         return None if t is None else (t - t_sig) * 1e3
 
@@ -455,24 +393,17 @@ def drain(server, *, in_flight: int = 6, sequences_per_request: int = 12, length
         if c != "OK":
             key = f"{c}: {d[:40]}" if c != "UNAVAILABLE" or "draining" in d else f"{c} (closed)"
             refusals[key] = refusals.get(key, 0) + 1
-    accepted_probes = [p for p in probes if p[2] == "OK"]
+    accepted = sum(1 for p in probes if p[2] == "OK")
     # While draining, a refusal is UNAVAILABLE. In the last moment of the process (the gRPC
     # listener's own shutdown, ~1 s) a call can also meet CANCELLED or a reset: counted apart.
     t_exit = t_sig + exit_s
     odd_early = sum(1 for _, a, c, _ in probes if c not in ("OK", "UNAVAILABLE") and a < t_exit - 1.5)
-    return {
-        "kind": server.kind, "grace_s": grace_s, "in_flight": in_flight,
-        "in_flight_answered_ok": sum(1 for r in results if r and r[0] == "OK" and r[1] == str(sequences_per_request)),
-        "in_flight_outcomes": [list(r) if r else None for r in results],
-        "probes_accepted": len(accepted_probes), "probes_refused": len(probes) - len(accepted_probes),
-        "refusal_kinds": refusals, "refusals_not_unavailable_before_exit": odd_early,
-        "health_checks": len(health),
-        "not_serving_seen_ms": rel_ms(first_not_serving), "first_refusal_ms": rel_ms(first_refusal),
-        "health_serving_after_refusal": serving_after_refusal,
-        "not_serving_first": first_not_serving is not None and serving_after_refusal == 0,
-        "exit_code": code, "exit_s": exit_s, "exit_within_grace": exit_s <= grace_s,
-        "all_accepted_answered": all(r and r[0] == "OK" for r in results),
-    }
+    return {"probes_accepted": accepted, "probes_refused": len(probes) - accepted,
+            "refusal_kinds": refusals, "refusals_not_unavailable_before_exit": odd_early,
+            "health_checks": len(health),
+            "not_serving_seen_ms": rel_ms(first_not_serving), "first_refusal_ms": rel_ms(first_refusal),
+            "health_serving_after_refusal": serving_after_refusal,
+            "not_serving_first": first_not_serving is not None and serving_after_refusal == 0}
 
 
 def _wait_in_flight(server, n: int, timeout_s: float = 60) -> None:
@@ -496,7 +427,7 @@ async def _cancel_round(server, reqs: list, cancel_after_s: float) -> dict:
         from rmscore_client.v1 import reward_pb2_grpc
 
         ch = grpc.aio.insecure_channel(server.target)
-        call = reward_pb2_grpc.RewardModelStub(ch).Score(caller.request_pb(seqs), timeout=120)
+        call = reward_pb2_grpc.RewardModelStub(ch).Score(caller.score_request(caller.tokens(seqs)), timeout=120)
         await asyncio.sleep(cancel_after_s)
         if i % 2 == 0:
             call.cancel()
@@ -528,8 +459,6 @@ def cancel(server, *, rounds: int = 6, clients_per_round: int = 8, sequences_per
            lengths: str = "uniform:192:384", cancel_after_s: float = 0.3, seed: int = 3) -> dict:
     """Rounds of clients that go away mid-request: dropped, not scored, and no memory kept per round."""
     rng = np.random.default_rng([seed, 7])
-    from rmscore_loadtest.workload import make_rollout
-
     mix = LengthMix.parse(lengths)
     scored0 = metric(server, "rmscore_sequences_scored_total")
     dropped0 = metric(server, "rmscore_sequences_dropped_total", reason="cancelled")
@@ -564,53 +493,17 @@ def cancel(server, *, rounds: int = 6, clients_per_round: int = 8, sequences_per
 
 # ---- steady load and soak ----------------------------------------------------------------
 
-async def _steady_async(server, requests, concurrency: int, seconds: float, on_tick=None,
-                        tick_s: float = 1.0) -> dict:
-    c = caller.async_client(server.transport, _target(server), chunk_size=len(requests[0]), timeout_s=120)
-    stop = asyncio.Event()
-    count = {"requests": 0, "errors": 0, "sequences": 0}
-    errors: dict[str, int] = {}
-    lat: list[float] = []
-
-    async def worker(w: int) -> None:
-        k = w * 7919
-        while not stop.is_set():
-            req = requests[k % len(requests)]
-            k += 1
-            t = time.perf_counter()
-            try:
-                await c.score_ids(req)
-                count["requests"] += 1
-                count["sequences"] += len(req)
-                lat.append((time.perf_counter() - t) * 1e3)
-            except Exception as e:  # noqa: BLE001
-                count["errors"] += 1
-                errors[_code(e)] = errors.get(_code(e), 0) + 1
-                await asyncio.sleep(0.05)
-
-    async def ticker() -> None:
-        t0 = time.perf_counter()
-        while not stop.is_set():
-            if on_tick is not None:
-                on_tick(time.perf_counter() - t0, dict(count))
-            try:
-                await asyncio.wait_for(stop.wait(), tick_s)
-            except asyncio.TimeoutError:
-                pass
-
-    tasks = [asyncio.create_task(worker(w)) for w in range(concurrency)] + [asyncio.create_task(ticker())]
-    t0 = time.perf_counter()
-    await asyncio.sleep(seconds)
-    stop.set()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    await caller.aclose(c)
-    wall = time.perf_counter() - t0
-    return {**count, "error_kinds": errors, "seconds": wall, "seq_s": count["sequences"] / wall,
-            "latency_ms": percentiles(lat)}
-
-
-def _steady(server, requests, concurrency: int, seconds: float) -> dict:
-    return asyncio.run(_steady_async(server, requests, concurrency, seconds))
+def _steady(server, requests, concurrency: int, seconds: float, on_tick=None, tick_s: float = 1.0) -> dict:
+    """A closed loop for `seconds`, every answer counted (no settling)."""
+    async def run() -> dict:
+        c = caller.async_client(server.transport, caller.target_of(server), chunk_size=len(requests[0]),
+                                timeout_s=120)
+        try:
+            return await loadgen.closed_loop(c, requests, concurrency, seconds, max_settle_s=0, drain_timeout_s=120,
+                                             on_tick=on_tick, tick_s=tick_s)
+        finally:
+            await c.close()
+    return asyncio.run(run())
 
 
 def soak(server, *, seconds: float = 120.0, warmup_s: float = 20.0, sample_every_s: float = 5.0,
@@ -627,14 +520,14 @@ def soak(server, *, seconds: float = 120.0, warmup_s: float = 20.0, sample_every
         if progress is not None:
             progress(t, warmup_s + seconds, count)
 
-    r = asyncio.run(_steady_async(server, requests, concurrency, warmup_s + seconds, on_tick, tick_s=0.5))
-    samples.append((r["seconds"] - warmup_s, rss_mb(pid)))
+    r = _steady(server, requests, concurrency, warmup_s + seconds, on_tick, tick_s=0.5)
+    samples.append((r["settle_s"] + r["window_open_s"] - warmup_s, rss_mb(pid)))
     ts = np.array([s[0] for s in samples])
     mb = np.array([s[1] for s in samples])
     slope = float(np.polyfit(ts, mb, 1)[0]) * 60 if len(samples) >= 2 and np.ptp(ts) > 0 else float("nan")
     return {
         "kind": server.kind, "seconds": seconds, "warmup_s": warmup_s, "concurrency": concurrency,
-        "requests": r["requests"], "errors": r["errors"], "error_kinds": r["error_kinds"], "seq_s": r["seq_s"],
+        "requests": r["requests"], "errors": r["errors"], "error_kinds": r["error_kinds"], "seq_s": r["throughput_seq_s"],
         "latency_ms": r["latency_ms"], "samples": [[round(t, 2), round(m, 2)] for t, m in samples],
         "rss_start_mb": float(mb[0]), "rss_end_mb": float(mb[-1]), "rss_max_mb": float(mb.max()),
         "rss_growth_pct": float(100.0 * (mb[-1] - mb[0]) / mb[0]),

@@ -401,60 +401,45 @@ def _http_cases(limits, gids, gscores, ok, invalid) -> list[Case]:
 # ---- running it ------------------------------------------------------------------------------
 
 class _Target:
+    """The shared Caller, plus what only hostile input needs: outcomes as (code, message, payload)
+    with a stall told apart from a refusal, and whole HTTP requests written to a socket."""
+
     def __init__(self, kind: str, host: str, port: int, transport: str, timeout_s: float):
+        from rmscore_loadtest.caller import Caller
+
         self.kind, self.host, self.port, self.transport, self.timeout_s = kind, host, port, transport, timeout_s
-        if transport == "grpc":
-            import grpc
-
-            from rmscore_client.v1 import reward_pb2_grpc as pbg
-
-            self.channel = grpc.insecure_channel(f"{host}:{port}", options=[
-                ("grpc.max_send_message_length", 512 << 20), ("grpc.max_receive_message_length", 512 << 20)])
-            self.stub = pbg.RewardModelStub(self.channel)
-            self.raw_score = self.channel.unary_unary("/rmscore.v1.RewardModel/Score")  # bytes in, bytes out
-        elif transport == "http":
-            import httpx
-
-            self.http = httpx.Client(base_url=f"http://{host}:{port}", timeout=timeout_s)
-        else:
-            raise ValueError(f"transport must be grpc or http, got {transport!r}")
+        target = f"{host}:{port}" if transport == "grpc" else f"http://{host}:{port}"
+        self.caller = Caller(transport, target, timeout_s=timeout_s, max_message_bytes=512 << 20)
 
     def close(self) -> None:
-        self.channel.close() if self.transport == "grpc" else self.http.close()
+        self.caller.close()
 
     def limits(self, max_request_bytes: int) -> Limits:
-        if self.transport == "grpc":
-            from rmscore_client.v1 import reward_pb2 as pb
-
-            m = self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=self.timeout_s)
-            info = {f.name: getattr(m, f.name) for f in m.DESCRIPTOR.fields}
-        else:
-            info = self.http.get("/v1/model").json()
+        info = self.caller.info(timeout_s=self.timeout_s)
         return Limits(int(info["vocab_size"]), int(info["max_sequence_length"]),
                       int(info["max_sequences_per_request"]), max_request_bytes, bool(info["accepts_text"]))
 
     def alive(self) -> bool:
-        try:
-            if self.transport == "grpc":
-                from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-                r = health_pb2_grpc.HealthStub(self.channel).Check(health_pb2.HealthCheckRequest(service=""),
-                                                                   timeout=self.timeout_s)
-                return r.status == health_pb2.HealthCheckResponse.SERVING
-            return self.http.get("/readyz").status_code == 200
-        except Exception:  # noqa: BLE001 - any failure to answer is "not alive"
-            return False
+        return self.caller.is_serving(timeout_s=self.timeout_s) is True
 
     # Each send returns (code, message, scores or None); stream sends return one per item.
     def send(self, case: Case):
-        if self.transport == "grpc":
+        from rmscore_loadtest.caller import CallError, score_request
+
+        if self.transport == "http":
+            return self._send_http(case)
+        try:
             if case.stream is not None:
-                return self._stream(case)
+                return "STREAM", "", self.caller.stream([it.request for it in case.stream])
             if case.stream_raw is not None:
-                return self._stream_raw(case.stream_raw)
-            req = case.grpc_request if case.grpc_request is not None else _to_proto(case.seqs, case.truncation)
-            req = req() if isinstance(req, _Lazy) else req
-            return self._grpc(req)
+                answers = self.caller.stream(case.stream_raw)
+                return "OK", f"stream ended OK after {len(answers)} answers for {len(case.stream_raw)} items", None
+            req = case.grpc_request if case.grpc_request is not None else score_request(case.seqs, case.truncation)
+            return "OK", "", list(self.caller.score_pb(req() if isinstance(req, _Lazy) else req).scores)
+        except CallError as e:
+            return _stall_or(e.code, e.message)
+
+    def _send_http(self, case: Case):
         if case.http_raw is not None:
             return self._raw_http(case.http_raw)
         if case.seqs is not None:
@@ -463,46 +448,11 @@ class _Target:
         body = case.http_body() if isinstance(case.http_body, _Lazy) else case.http_body
         return self._http(case.http_method, body, case.http_headers)
 
-    def _grpc(self, req):
-        import grpc
-
-        from rmscore_client.v1 import reward_pb2 as pb
-
-        try:
-            if isinstance(req, bytes):
-                r = pb.ScoreResponse.FromString(self.raw_score(req, timeout=self.timeout_s))
-            else:
-                r = self.stub.Score(req, timeout=self.timeout_s)
-        except grpc.RpcError as e:
-            return _stall_or(e.code().name, e.details() or "")
-        return "OK", "", list(r.scores)
-
-    def _stream(self, case: Case):
-        import grpc
-
-        try:
-            answers = list(self.stub.ScoreStream(iter([it.request for it in case.stream]), timeout=self.timeout_s))
-        except grpc.RpcError as e:
-            return _stall_or(e.code().name, e.details() or "")
-        return "STREAM", "", answers
-
-    def _stream_raw(self, items: list[bytes]):
-        import grpc
-
-        call = self.channel.stream_stream("/rmscore.v1.RewardModel/ScoreStream")  # bytes in, bytes out
-        try:
-            answers = list(call(iter(items), timeout=self.timeout_s))
-        except grpc.RpcError as e:
-            return _stall_or(e.code().name, e.details() or "")
-        return "OK", f"stream ended OK after {len(answers)} answers for {len(items)} items", None
-
     def _http(self, method: str, body, headers: dict):
         import httpx
 
-        h = {"content-type": "application/json", **headers}
-        h = {k: v for k, v in h.items() if v}
         try:
-            r = self.http.request(method, "/v1/score", content=body, headers=h)
+            r = self.caller.http(method, "/v1/score", body, headers)
         except httpx.TimeoutException as e:
             return "STALL", f"no answer in {self.timeout_s} s ({type(e).__name__})", None
         except httpx.HTTPError as e:
@@ -544,21 +494,6 @@ def _http_outcome(status: int, text: str):
             code = f"{code}/HTTP_{status}"  # the right code name on the wrong status is still wrong
         return code, message, None
     return f"HTTP_{status}", text[:300], None
-
-
-def _to_proto(seqs, truncation):
-    from rmscore_client.v1 import reward_pb2 as pb
-
-    out = []
-    for s in seqs:
-        if "tokens" in s:
-            out.append(pb.Sequence(tokens=pb.TokenIds(ids=s["tokens"])))
-        elif "prompt" in s:
-            out.append(pb.Sequence(text=pb.TextPair(prompt=s["prompt"], response=s["response"])))
-        else:
-            out.append(pb.Sequence())
-    trunc = {"none": pb.TRUNCATION_NONE, "left": pb.TRUNCATION_LEFT, "right": pb.TRUNCATION_RIGHT}[truncation]
-    return pb.ScoreRequest(sequences=out, truncation=trunc)
 
 
 def _check(expect: Expect, code: str, message: str, scores, tol: float) -> str | None:
