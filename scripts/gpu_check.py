@@ -7,7 +7,8 @@ Runs in a few minutes on a machine with a CUDA GPU, PyTorch and an ONNX Runtime:
    when onnxruntime-gpu is installed, each against the golden eager-fp32 CPU scores;
 2. in-process throughput at batch sizes 1..256 (length 128), as ratios to eager fp32;
 3. every server kind at saturation whose dependencies are present (closed loop,
-   16 concurrent requests of 32 sequences x 128 tokens, fixed time), on ephemeral ports.
+   16 concurrent requests of 32 sequences x 128 tokens, fixed time; rmscore_loadtest's caller and
+   load generator), on ephemeral ports.
 A part whose dependencies are missing is a row saying "unavailable: <why>", never a crash.
 Prints one markdown table per part and writes them to --out.
 
@@ -21,7 +22,7 @@ onnxruntime, numpy: scripts/gpu_run.sh adds the carried rest) reaches the clear 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
+import asyncio
 import importlib.util
 import os
 import pathlib
@@ -30,8 +31,8 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-# The server and the client (its stubs) from the checkout: the carry installs neither.
-SOURCES = [str(ROOT / "server_py"), str(ROOT / "client")]
+# The server, the client (its stubs) and the load generator from the checkout: the carry installs none.
+SOURCES = [str(ROOT / "server_py"), str(ROOT / "client"), str(ROOT / "loadtest")]
 sys.path[:0] = SOURCES
 
 ALL_RUNTIMES = "eager:fp32,eager:bf16,eager:fp16,compile:fp32,onnxruntime:fp32"
@@ -182,42 +183,26 @@ def saturate(kind: str, model: pathlib.Path, device: str, seconds: float, client
     except RuntimeError as e:
         raise RuntimeError(one_line(str(e))) from None
     try:
-        port = server.port
         rng = np.random.default_rng(1)
         seqs = [rng.integers(1000, 20000, 128).tolist() for _ in range(32)]
-        call = _caller(kind, port, seqs)
-        call()
-        end = time.monotonic() + seconds
-
-        def loop(_):
-            n = 0
-            while time.monotonic() < end:
-                n += call()
-            return n
-
-        t0 = time.monotonic()
-        with cf.ThreadPoolExecutor(clients) as pool:
-            total = sum(pool.map(loop, range(clients)))
-        return total / (time.monotonic() - t0)
+        r = asyncio.run(_closed_loop(server, seqs, seconds, clients))
     finally:
         server.stop(60)
+    if not r["throughput_seq_s"] > 0:
+        raise RuntimeError(f"no answer in {seconds} s: {r['errors']} errors {r['error_kinds']}")
+    return r["throughput_seq_s"]
 
 
-def _caller(kind: str, port: int, seqs: list[list[int]]):
-    from rmscore.tools import launch
-    if launch.transport(kind) == "http":
-        import httpx
+async def _closed_loop(server, seqs: list[list[int]], seconds: float, clients: int) -> dict:
+    """`clients` requests of `seqs` always in flight for `seconds`, after one unmeasured request."""
+    from rmscore_loadtest import caller, loadgen
 
-        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
-        body = {"sequences": [{"tokens": s} for s in seqs]}
-        return lambda: len(client.post("/v1/score", json=body).raise_for_status().json()["scores"])
-    import grpc
-
-    from rmscore_client.v1 import reward_pb2 as pb, reward_pb2_grpc as pbg
-
-    stub = pbg.RewardModelStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
-    req = pb.ScoreRequest(sequences=[pb.Sequence(tokens=pb.TokenIds(ids=s)) for s in seqs])
-    return lambda: len(stub.Score(req, timeout=120).scores)
+    c = caller.async_client(server.transport, caller.target_of(server), chunk_size=len(seqs), timeout_s=120)
+    try:
+        await loadgen.score_set(c, seqs)
+        return await loadgen.closed_loop(c, [seqs], clients, seconds)
+    finally:
+        await c.close()
 
 
 def server_rows(a, model: pathlib.Path) -> list[str]:
@@ -225,7 +210,8 @@ def server_rows(a, model: pathlib.Path) -> list[str]:
             "|---|---|---|"]
     kinds = a.servers.split(",")
     try:
-        from rmscore import launch  # noqa: F401 - needs grpc and httpx
+        from rmscore.tools import launch  # noqa: F401 - needs grpc and httpx
+        from rmscore_loadtest import caller, loadgen  # noqa: F401 - need rmscore_client (grpc, protobuf)
     except ImportError as e:
         return head + [f"| {k} | unavailable: {one_line(e)} | |" for k in kinds]
     result: dict[str, float | str] = {}

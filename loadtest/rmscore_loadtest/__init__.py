@@ -3,7 +3,9 @@
 caller.py      the one way to call any server kind over either transport
 loadgen.py     the one closed-loop / open-loop load generator
 workload.py    RLHF length mixes and rollouts;  stats.py  intervals and percentiles
-bench/         `rmscore bench`: repeated runs on fresh servers, intervals, report, plots
+observe.py     a server from outside: resident memory (/proc), Prometheus metrics
+bench/         `rmscore bench`: repeated runs on fresh servers, intervals, report, plots;
+               `--overhead`: the C++ serving overhead against the in-process driver
 reliability/   `rmscore hardening`: faults, overload, cancellation, soak, hostile input
 up.py          `rmscore up`: the local stack (every kind, Prometheus, Locust)
 

@@ -1,4 +1,7 @@
-"""The benchmark's load generator: asyncio phases against one server through rmscore_client.
+"""The one load generator: asyncio phases against one server through rmscore_client.
+
+Used by `rmscore bench` (and its `--overhead` study), `rmscore hardening`'s scenarios and
+scripts/gpu_check.py.
 
 Every phase is bounded in time and in outstanding requests. One request is one
 chunk of `chunk_size` sequences (one RPC); a rollout is `rollout_size`
@@ -16,7 +19,7 @@ sequences sent as chunks all in flight together, as a trainer rank does.
   whatever the server does; latency runs from the scheduled arrival (so a late
   send counts against the server, no coordinated omission). At most
   `max_outstanding` requests wait at once; arrivals beyond it are shed and
-  counted.
+  counted (None: no cap, every arrival is sent, as the overload scenario needs).
 * rollouts: makespan of scoring a whole rollout, first send to last score.
 """
 

@@ -1,6 +1,6 @@
 // rmscore-ort-driver: ONNX Runtime in-process, through the server's own code.
 //
-// The baseline for the serving overhead (scripts/bench_cpp.py, docs/cpp_bench.md):
+// The baseline for the serving overhead (`rmscore bench --overhead`, docs/cpp_bench.md):
 // the same graph, the same session options and the same tensor packing as
 // rmscore-server-cpp, because it IS that code (rmscore_core's ParseConfig,
 // LoadManifest, Pack and ModelRunner), minus gRPC, the queue and the batcher.
@@ -22,7 +22,7 @@
 //
 // --interactive keeps the session and takes commands on stdin, one JSON line
 // out per command, so a benchmark can alternate in-process passes with server
-// passes (scripts/bench_cpp.py): `pass` (one timed pass over every batch),
+// passes (`rmscore bench --overhead`): `pass` (one timed pass over every batch),
 // `probe R` (the file's "probe" batch R times), `quit` or end of input.
 //
 // --parity scores the manifest's golden inputs alone and as one padded

@@ -4,9 +4,12 @@
     rmscore bench --preset short --out docs/bench/short   # minutes per server kind
     rmscore bench --preset full --out bench-full          # the real run
     rmscore bench --report-only bench-full/run.json       # redo report and plots from the JSON
+    rmscore bench --overhead --preset short --out runs/cpp_bench   # the C++ serving overhead
 
 Writes OUT/run.json (every repetition, every latency, and the summary), OUT/report.md and the PNG
-plots next to it. docs/benchmark.md explains each figure.
+plots next to it. docs/benchmark.md explains each figure. With --overhead, instead: the C++
+server's serving overhead against the C++ in-process driver and C++ vs Python ONNX Runtime on
+identical full batches (OUT/overhead.json, OUT/overhead.md, docs/cpp_bench.md).
 """
 
 from __future__ import annotations
@@ -56,7 +59,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--note", action="append", default=[], help="a line for the report (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--report-only", metavar="RUN_JSON", help="rewrite report and plots from a run.json")
+    p.add_argument("--report-only", metavar="RUN_JSON", help="rewrite report and plots from a run.json "
+                   "(or overhead.md from an overhead.json)")
+    p.add_argument("--overhead", action="store_true",
+                   help="the C++ serving-overhead study (docs/cpp_bench.md); kinds from cpp-grpc, py-grpc-onnxruntime")
     p.set_defaults(func=main)
 
 
@@ -107,15 +113,45 @@ def write_outputs(record: dict, out_dir: pathlib.Path) -> dict:
     return summary
 
 
+def report_only(arg: str) -> int:
+    path = pathlib.Path(arg)
+    path = path / "run.json" if path.is_dir() else path
+    record = json.loads(path.read_text())
+    if record.get("format", "").startswith("rmscore-bench-overhead"):
+        from rmscore_loadtest.bench import overhead
+
+        overhead.write(record, path.parent)
+        print(f"rmscore bench: wrote {path.parent / 'overhead.md'}")
+        return 0
+    write_outputs(record, path.parent)
+    print(f"rmscore bench: wrote {path.parent / 'report.md'} and plots")
+    return 0
+
+
+def main_overhead(args, settings) -> int:
+    from rmscore_loadtest.bench import overhead
+
+    model = pathlib.Path(args.model)
+    model = str(model if model.is_absolute() else (overhead.ROOT / model).resolve())
+    kinds = list(args.kinds or overhead.KINDS)
+    bad = [k for k in kinds if k not in overhead.KINDS]
+    if bad:
+        raise SystemExit(f"rmscore bench --overhead: --kinds {bad} not in {', '.join(overhead.KINDS)}")
+    why = overhead.missing(kinds)
+    if why:
+        print(f"rmscore bench --overhead: {why}", file=sys.stderr)
+        return 2
+    record = overhead.run(settings, pathlib.Path(args.out), model, kinds)
+    print(overhead.markdown(record))
+    return 0
+
+
 def main(args) -> int:
     if args.report_only:
-        path = pathlib.Path(args.report_only)
-        path = path / "run.json" if path.is_dir() else path
-        record = json.loads(path.read_text())
-        write_outputs(record, path.parent)
-        print(f"rmscore bench: wrote {path.parent / 'report.md'} and plots")
-        return 0
+        return report_only(args.report_only)
     settings = settings_from(args)
+    if args.overhead:
+        return main_overhead(args, settings)
     from rmscore_loadtest.bench.runner import Bench
 
     out = pathlib.Path(args.out)

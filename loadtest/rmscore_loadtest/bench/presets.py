@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-
 from rmscore.tools.kinds import ALL_KINDS, KINDS, RUNTIMES
 
 BACKEND_OF = {name: k.runtime for name, k in KINDS.items()}
@@ -42,6 +41,7 @@ class Settings:
     max_batch_tokens: int = 8192
     max_queue_delay_ms: float = 2.0
     parity_set_size: int = 32
+    overhead_sequences: int = 512  # `--overhead`: sequences cut into full batches
     seed: int = 20240601
     server_ready_timeout_s: float = 600.0
     rpc_timeout_s: float = 120.0
@@ -67,7 +67,7 @@ PRESETS = {
         repeats=2, warmup_s=1.0, settle_s=0.5, window_s=3.0, concurrency=(1, 2), open_rate_seq_s=4.0,
         max_outstanding=16, chunk_size=4, rollout_size=16, rollouts_per_rep=1, lengths="lognormal:48:0.5:16:128",
         inproc_runtimes=("onnxruntime",), inproc_repeats=2, ablation=True, ablation_backend="onnxruntime",
-        ablation_rollout_size=24, ablation_repeats=2, parity_set_size=8),
+        ablation_rollout_size=24, ablation_repeats=2, parity_set_size=8, overhead_sequences=72),
     # A few minutes per server kind: every kind but torch.compile (2 min warm-up per start), both modes.
     "short": Settings(
         preset="short", kinds=("cpp-grpc", "py-grpc-onnxruntime", "py-grpc-eager", "py-http-onnxruntime"),

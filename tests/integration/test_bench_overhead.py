@@ -1,16 +1,17 @@
-"""The C++ serving-overhead benchmark (scripts/bench_cpp.py, build/cpp/rmscore-ort-driver): behaviour
+"""The C++ serving-overhead benchmark (`rmscore bench --overhead`, build/cpp/rmscore-ort-driver): behaviour
 only, never speed. The driver's parity vs the eager golden scores, its interactive protocol, the
 batch cutting, and a tiny end-to-end run that writes its JSON and markdown."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
 import subprocess
 import sys
 
 import pytest
+
+from rmscore_loadtest.bench.overhead import full_batches
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DRIVER = ROOT / "build/cpp/rmscore-ort-driver"
@@ -20,18 +21,10 @@ MODEL = ROOT / "models/default"
 needs_driver = pytest.mark.skipif(not DRIVER.exists(), reason="run scripts/build_cpp.sh (build/cpp/rmscore-ort-driver)")
 
 
-def _bench_module():
-    spec = importlib.util.spec_from_file_location("bench_cpp", ROOT / "scripts/bench_cpp.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_full_batches_are_full_by_a_limit_and_cover_what_is_kept():
-    bench = _bench_module()
     lengths = [40, 300, 512, 100, 100, 64, 200, 33, 500, 128] * 7
     seqs = [[1] * n for n in lengths]
-    batches, dropped = bench.full_batches(seqs, 32, 8192)
+    batches, dropped = full_batches(seqs, 32, 8192)
     kept = [i for b in batches for i in b]
     assert len(kept) == len(set(kept)) and len(kept) + dropped == len(seqs)
     for b in batches:
@@ -92,20 +85,31 @@ def test_driver_batch_mode_and_interactive_mode_agree(tmp_path):
 @needs_driver
 @pytest.mark.skipif(not SERVER.exists(), reason="run scripts/build_cpp.sh (build/cpp/rmscore-server-cpp)")
 def test_tiny_bench_run_writes_json_and_markdown(tmp_path):
-    p = subprocess.run([sys.executable, str(ROOT / "scripts/bench_cpp.py"), "--preset", "tiny", "--kinds", "cpp-grpc",
-                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    p = subprocess.run([sys.executable, "-m", "rmscore.cli", "bench", "--overhead", "--preset", "tiny", "--kinds",
+                        "cpp-grpc", "--out", str(tmp_path)], capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-4000:]
-    rec = json.loads((tmp_path / "bench_cpp.json").read_text())
+    rec = json.loads((tmp_path / "overhead.json").read_text())
     assert len(rec["repetitions"]) == 2
     assert rec["parity"]["max_abs_diff"] <= 1e-5
     for rep in rec["repetitions"]:
         assert rep["inproc"]["seq_s"] > 0 and rep["inproc"]["small_ms"] > 0
         c = rep["cpp-grpc"]
         assert c["saturation_seq_s"] > 0 and c["startup_s"] > 0 and c["idle_rss_mib"] > 0
-        assert len(c["latency_ms"]) == 5
+        assert len(c["latency_ms"]) > 0 and c["low_load_errors"] == 0 and c["saturation_errors"] == 0
         assert c["batches_run"] == c["requests"]          # the server formed the same batches
         assert c["max_abs_diff_vs_inproc"] <= 1e-5       # and scored them like the driver
     s = rec["summary"]["cpp-grpc"]
     assert {"overhead", "latency_excess_ms", "idle_rss_mib", "startup_s"} <= set(s)
-    md = (tmp_path / "bench_cpp.md").read_text()
+    md = (tmp_path / "overhead.md").read_text()
     assert "serving overhead" in md and "Parity" in md and "cpp-grpc" in md
+    assert md in p.stdout  # the table is printed too
+    again = subprocess.run([sys.executable, "-m", "rmscore.cli", "bench", "--report-only",
+                            str(tmp_path / "overhead.json")], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert again.returncode == 0 and (tmp_path / "overhead.md").read_text() == md, again.stderr
+
+
+def test_overhead_refuses_a_kind_it_does_not_compare(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "rmscore.cli", "bench", "--overhead", "--preset", "tiny", "--kinds",
+                        "py-grpc-eager", "--out", str(tmp_path)], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT)
+    assert p.returncode != 0 and "--kinds ['py-grpc-eager'] not in cpp-grpc, py-grpc-onnxruntime" in p.stderr
