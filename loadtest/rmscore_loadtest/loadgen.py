@@ -119,13 +119,18 @@ def _summarise(records: list[Answer], window_s: float, t_end: float) -> dict:
     }
 
 
+async def _score_checked(client, seqs: list, on_chunk) -> None:
+    """One score_ids call; an answer with another number of scores than sequences raises WrongCount."""
+    result = await client.score_ids(seqs, on_chunk=on_chunk)
+    if len(result.scores) != len(seqs):
+        raise WrongCount(len(result.scores), len(seqs))
+
+
 async def _one(client, req, t0: float, due_at: float, records: list) -> str | None:
     timing = []
     sent = time.perf_counter()
     try:
-        result = await client.score_ids(req, on_chunk=timing.append)
-        if len(result.scores) != len(req):
-            raise WrongCount(len(result.scores), len(req))
+        await _score_checked(client, req, timing.append)
         err, outcome = None, "OK"
     except asyncio.CancelledError:
         raise
@@ -270,9 +275,7 @@ async def rollouts(client, batch: list[list[list[int]]]) -> dict:
         timings = []
         t = time.perf_counter()
         try:
-            result = await client.score_ids(rollout, on_chunk=timings.append)
-            if len(result.scores) != len(rollout):
-                raise WrongCount(len(result.scores), len(rollout))
+            await _score_checked(client, rollout, timings.append)
         except Exception as e:  # noqa: BLE001
             errors[_error_name(e)] = errors.get(_error_name(e), 0) + 1
             continue
