@@ -1,21 +1,22 @@
-// Dynamic batching, Triton-style: requests' sequences wait in one queue; one
-// batcher thread asks the planner (planner.h) what to run or how long to
-// wait, builds the next batch's tensors while the model runs the current one
-// on a worker thread (one batch ahead), and answers each request once all of
-// its sequences are scored.
+// Dynamic batching, Triton-style: the sequences of accepted requests wait in
+// one queue; one batcher thread asks the planner (planner.h) what to run or
+// how long to wait, then runs that batch on the model itself, and each
+// request is answered once all of its sequences are scored, or at once when
+// it fails. server_py/rmscore/core/batcher.py is this file in Python, with
+// the same names and the same steps (docs/batching.md, "Structure").
 //
-// Threads and locking: everything shared lives under `mu_`, held only for
-// queue/slot bookkeeping, never across planning's sort, packing, the model
-// run or a completion callback. Only the batcher thread removes sequences
-// from the queue, so ids taken from a snapshot stay valid after relocking.
+// Locking: everything shared lives under `mu_`. It is held to admit, plan,
+// take and pack a batch, and to mark requests finished; never across the
+// model run or an answer's callback. Any thread holding it may remove
+// sequences from the queue (Cancel on a gRPC thread, Stop on the main one).
 #pragma once
 
 #include <grpcpp/support/status.h>
 
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -30,7 +31,8 @@ namespace rmscore {
 
 using Clock = std::chrono::steady_clock;
 
-struct JobResult {
+// A request's answer: its scores, or the status it failed with.
+struct Result {
   grpc::Status status;
   std::vector<float> scores;  // one per sequence, in request order, when status is OK
   double total_ms = 0;
@@ -39,10 +41,10 @@ struct JobResult {
 
 // One accepted unit of work: a Score call or one ScoreStream item. The views
 // point into a request message that `keepalive` (or the caller) keeps alive
-// until `done` has run.
+// until `done` has run; the batcher reads them only under mu_, while packing.
 class Job {
  public:
-  using Done = std::function<void(JobResult&&)>;
+  using Done = std::function<void(Result&&)>;
   Job(std::vector<SeqView> seqs, std::optional<Clock::time_point> deadline, std::shared_ptr<const void> keepalive,
       Done done);
 
@@ -51,19 +53,22 @@ class Job {
   const std::vector<SeqView> seqs_;
   const std::optional<Clock::time_point> deadline_;
   const std::shared_ptr<const void> keepalive_;
-  const Done done_;  // runs exactly once, on a batcher thread; must not block
-  Clock::time_point accepted_;
-  // Guarded by Batcher::mu_.
+  const Done done_;  // runs exactly once, never under mu_; must not block
+  // Guarded by Batcher::mu_; set by Submit.
+  bool accepted_ = false;
+  Clock::time_point accepted_at_;
+  std::optional<int64_t> deadline_us_;  // on the batcher's clock (Batcher::NowUs)
+  uint64_t first_seq_id_ = 0;           // its sequences have ids first_seq_id_ .. + seqs_.size() - 1
+  // Guarded by Batcher::mu_ until finished_; final (read without the lock) after.
   std::vector<float> scores_;
-  size_t remaining_ = 0;        // sequences not yet scored or dropped
-  grpc::Status error_;          // first failure; the job fails once remaining_ hits 0
-  bool cancelled_ = false;
-  uint64_t last_batch_ = 0;     // so a batch's time counts once per job
+  size_t remaining_ = 0;  // sequences not scored yet
+  grpc::Status error_;    // why it failed, when it did
+  bool finished_ = false;  // answered, refused, or cancelled before Submit
   double inference_ms_ = 0;
 };
 
-// Scores one packed batch (batch.batch floats) or throws; the batcher calls
-// it from its worker thread only. The server passes ModelRunner::Run.
+// Scores one packed batch (batch.batch floats) or throws; the batcher thread
+// calls it. The server passes ModelRunner::Run.
 using BatchModel = std::function<std::vector<float>(const PackedBatch&)>;
 
 class Batcher {
@@ -81,39 +86,40 @@ class Batcher {
   // refuses it at once: RESOURCE_EXHAUSTED when the queue is full,
   // UNAVAILABLE while draining (done never runs then).
   grpc::Status Submit(const std::shared_ptr<Job>& job);
-  // The caller gave up (client cancelled): its queued sequences are dropped.
+  // The caller gave up (client cancelled): the job is answered CANCELLED now,
+  // on the calling thread, and its queued sequences are dropped.
   void Cancel(const std::shared_ptr<Job>& job);
-  // Refuses new jobs from now on; waits until every accepted job is finished
+  // Refuses new jobs from now on; waits until every accepted job is answered
   // or `deadline` passes. True when drained.
   bool Drain(Clock::time_point deadline);
-  // Stops both threads: aborts the model run in progress (its requests fail
-  // INTERNAL); jobs still queued or built fail with UNAVAILABLE.
+  // Refuses new jobs, fails the queued ones UNAVAILABLE, aborts the model run
+  // in progress (its jobs fail INTERNAL) and ends the batcher thread.
   void Stop();
 
  private:
   struct Queued {
-    uint64_t id;
     std::shared_ptr<Job> job;
     size_t index;  // position in the job's sequences
     int64_t arrival_us;
   };
   struct Batch {
-    uint64_t number = 0;
     std::vector<Queued> seqs;
     PackedBatch packed;
   };
-  using Finished = std::vector<std::shared_ptr<Job>>;
+  using Answers = std::vector<std::shared_ptr<Job>>;  // finished jobs whose callback is due
 
-  void BatcherLoop();
-  void WorkerLoop();
-  // Precondition for the *Locked helpers: mu_ held.
-  void DropLocked(const std::vector<uint64_t>& ids, const grpc::Status& why, const char* reason, Finished* finished);
-  void DropAbandonedLocked(Finished* finished);
-  std::vector<Queued> TakeLocked(const std::vector<uint64_t>& ids);
-  void SequenceDoneLocked(Queued& q, Finished* finished);
-  void RunBatch(Batch& b);
-  // Without mu_: runs callbacks, then counts the jobs as finished.
-  void Finish(Finished& finished);
+  void Loop();
+  // Precondition for the *Locked steps: mu_ held (NextBatchLocked through `lk`).
+  grpc::Status RefusalLocked(int64_t n) const;
+  std::optional<Batch> NextBatchLocked(std::unique_lock<std::mutex>& lk, Answers* answers);
+  std::vector<Waiting> WaitingLocked() const;
+  Batch TakeBatchLocked(const std::vector<uint64_t>& ids, int64_t now_us);
+  void FailLocked(const std::shared_ptr<Job>& job, const grpc::Status& why, const char* drop_reason,
+                  Answers* answers);
+  void ScoredLocked(const Batch& b, const std::vector<float>& scores, double ms, Answers* answers);
+  // Without mu_.
+  void Run(const Batch& b);
+  void Answer(Answers& answers);
   int64_t NowUs() const;
 
   const Options opts_;
@@ -123,18 +129,14 @@ class Batcher {
   const Clock::time_point epoch_ = Clock::now();
 
   std::mutex mu_;
-  std::condition_variable batcher_cv_;  // queue grew, slot emptied, a job was abandoned, stop
-  std::condition_variable worker_cv_;   // slot filled, stop
-  std::condition_variable idle_cv_;     // active_jobs_ reached 0
-  std::deque<Queued> queue_;            // arrival order
-  std::optional<Batch> ready_;          // built ahead, waiting for the worker
-  bool worker_busy_ = false;            // the worker is running a batch
-  uint64_t next_seq_id_ = 1, next_batch_ = 1;
-  size_t active_jobs_ = 0;              // accepted, done not yet run
-  bool abandoned_ = false;              // some queued job was cancelled or failed
+  std::condition_variable work_cv_;  // for the batcher thread: a job arrived or was cancelled, stop
+  std::condition_variable idle_cv_;  // for Drain: in_flight_ reached 0
+  std::map<uint64_t, Queued> queue_;  // by sequence id, which is arrival order
+  uint64_t next_seq_id_ = 1;
+  size_t in_flight_ = 0;  // accepted, callback not yet run
   bool accepting_ = true, stopping_ = false;
 
-  std::thread batcher_thread_, worker_thread_;
+  std::thread thread_;  // the batcher thread: plans, then runs, one batch at a time
 };
 
 }  // namespace rmscore

@@ -1,5 +1,6 @@
 #include "config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -30,7 +31,8 @@ int64_t ParseInt(const std::string& flag, const std::string& v, int64_t min, int
   return n;
 }
 
-double ParseNumber(const std::string& flag, const std::string& v, double min) {
+// A finite number >= min, or > min when `min_excluded`.
+double ParseNumber(const std::string& flag, const std::string& v, double min, bool min_excluded = false) {
   size_t used = 0;
   double x = 0;
   try {
@@ -39,9 +41,9 @@ double ParseNumber(const std::string& flag, const std::string& v, double min) {
     used = 0;
   }
   if (v.empty() || used != v.size() || !std::isfinite(x)) Fail(flag, "not a number, got '" + v + "'");
-  if (x < min) {
+  if (x < min || (min_excluded && x == min)) {
     std::ostringstream m;
-    m << "must be >= " << min << ", got " << v;
+    m << "must be " << (min_excluded ? "> " : ">= ") << min << ", got " << v;
     Fail(flag, m.str());
   }
   return x;
@@ -107,7 +109,7 @@ const std::map<std::string, Setter>& Setters() {
       {"--device", [](Config& c, auto& f, auto& v) {
          c.device = ParseChoice<Device>(f, v, {{"cpu", Device::kCpu}, {"cuda", Device::kCuda}});
        }},
-      {"--drain-grace-seconds", [](Config& c, auto& f, auto& v) { c.drain_grace_seconds = ParseNumber(f, v, 0); }},
+      {"--drain-grace-seconds", [](Config& c, auto& f, auto& v) { c.drain_grace_seconds = ParseNumber(f, v, 0, true); }},
       {"--warmup-rounds", [](Config& c, auto& f, auto& v) { c.warmup_rounds = int(ParseInt(f, v, 1, 1 << 20)); }},
       {"--tls-cert-file", [](Config& c, auto& f, auto& v) { c.tls_cert_file = NonEmpty(f, v); }},
       {"--tls-key-file", [](Config& c, auto& f, auto& v) { c.tls_key_file = NonEmpty(f, v); }},
@@ -126,6 +128,15 @@ std::optional<std::string> ReadWhole(const std::string& path) {
     return data;
   } catch (const std::exception&) {  // a directory opens, then libstdc++ throws on the first read
     return std::nullopt;
+  }
+}
+
+// Same rule and message as server_py/rmscore/core/config.py: a request the queue can never hold
+// would be refused "queue full" forever, so the pair is refused at start.
+void CheckLimits(const Config& c) {
+  if (c.max_sequences_per_request > c.max_queue_sequences) {
+    Fail("--max-sequences-per-request", "must be <= --max-queue-sequences (" + std::to_string(c.max_queue_sequences) +
+                                            "), got " + std::to_string(c.max_sequences_per_request));
   }
 }
 
@@ -160,6 +171,8 @@ void CheckAccessFlags(Config& c) {
 
 int64_t Config::max_queue_delay_us() const { return static_cast<int64_t>(std::llround(max_queue_delay_ms * 1000.0)); }
 
+double Config::shutdown_reserve_s() const { return std::min(kShutdownReserveMaxS, drain_grace_seconds / 2); }
+
 Config ParseConfig(const std::vector<std::string>& args, bool* help_requested) {
   *help_requested = false;
   Config c;
@@ -184,6 +197,7 @@ Config ParseConfig(const std::vector<std::string>& args, bool* help_requested) {
     }
     it->second(c, flag, value);
   }
+  CheckLimits(c);
   CheckAccessFlags(c);
   return c;
 }

@@ -47,7 +47,12 @@ struct Config {
   bool tls() const { return !tls_cert_file.empty(); }
 
   int64_t max_queue_delay_us() const;
+  // The part of --drain-grace-seconds kept for failing what is left and closing the transports after
+  // the drain (docs/contract.md): min(kShutdownReserveMaxS, grace / 2), as in the Python servers.
+  double shutdown_reserve_s() const;
 };
+
+inline constexpr double kShutdownReserveMaxS = 3.0;
 
 // Thrown for a bad flag or value; what() is the message to print, quoting
 // the bad value, e.g. "--max-batch-size: must be >= 1, got 0".
@@ -56,7 +61,7 @@ struct ConfigError : std::runtime_error {
 };
 
 // Parses `--flag value` and `--flag=value`, then checks the flags that go
-// together (TLS files) and reads the token file. Throws ConfigError. `--help` is
+// together (TLS files, the per-request and queue limits) and reads the token file. Throws ConfigError. `--help` is
 // reported through *help_requested (no other flags are checked then).
 Config ParseConfig(const std::vector<std::string>& args, bool* help_requested);
 

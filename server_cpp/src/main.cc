@@ -87,6 +87,82 @@ int WaitForSignal(const sigset_t& signals) {
   return sig;
 }
 
+// Binds gRPC with health NOT_SERVING: scoring calls are refused "not ready: warming up" until
+// StartServing. *port: the bound port.
+std::unique_ptr<grpc::Server> StartGrpc(const Config& cfg, RewardModelService& service, Metrics& metrics, int* port) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(cfg.host + ":" + std::to_string(cfg.port), ServerCredentialsFor(cfg, &metrics), port);
+  builder.SetMaxReceiveMessageSize(int(cfg.max_request_bytes));
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || *port == 0) {
+    throw std::runtime_error("cannot listen on " + cfg.host + ":" + std::to_string(cfg.port));
+  }
+  SetHealth(*server, false);
+  return server;
+}
+
+// The golden self-check; throws when the scores are off, so the server never says SERVING.
+void SelfCheck(ModelRunner& runner, const Manifest& manifest, const Config& cfg) {
+  const SelfCheckReference ref = SelfCheckReferenceFor(manifest, cfg.precision);
+  const double diff = runner.SelfCheck(manifest, cfg.precision);
+  std::cout << "rmscore self-check " << ToString(cfg.precision) << " graph=" << runner.graph_path()
+            << " golden=" << manifest.golden_inputs.size() << " (alone and as one padded batch) vs " << ref.what
+            << " max_abs_diff=" << diff << " tolerance=" << ref.tolerance << std::endl;
+  if (!(diff <= ref.tolerance)) {
+    std::ostringstream msg;
+    msg << "self-check failed: max abs diff " << diff << " vs " << ref.what << " exceeds the tolerance "
+        << ref.tolerance << "; refusing to serve";
+    throw std::runtime_error(msg.str());
+  }
+}
+
+// Loads, warms up and self-checks the model; nullptr when a stop signal came first (it is checked
+// before the self-check too: no need to wait for it).
+std::unique_ptr<ModelRunner> LoadModel(const Config& cfg, const Manifest& manifest, const sigset_t& signals) {
+  auto runner = std::make_unique<ModelRunner>(cfg, manifest);
+  WarmUp(*runner, cfg, signals);
+  if (StopPending(signals)) return nullptr;
+  SelfCheck(*runner, manifest, cfg);
+  if (StopPending(signals)) return nullptr;
+  return runner;
+}
+
+// Serves until SIGTERM/SIGINT, then drains: accepted work may run until the grace less the shutdown
+// reserve, what is left fails, and the transports close (docs/cpp_server.md, "Shutdown").
+void ServeAndDrain(const Config& cfg, const Manifest& manifest, ModelRunner& runner, RewardModelService& service,
+                   grpc::Server& server, Metrics& metrics, const sigset_t& signals, Clock::time_point t0) {
+  Batcher::Options bopts;
+  bopts.planner = PlannerConfig{cfg.max_batch_size, cfg.max_batch_tokens, cfg.max_queue_delay_us(), cfg.batching};
+  bopts.max_queue_sequences = cfg.max_queue_sequences;
+  bopts.pad_token_id = manifest.pad_token_id;
+  ModelRunner* model = &runner;
+  Batcher batcher(
+      bopts, [model](const PackedBatch& b) { return model->Run(b); }, &metrics, [model] { model->Abort(); });
+  service.StartServing(&batcher);
+  SetHealth(server, true);
+  std::cout << "rmscore ready model=" << manifest.name << " version=" << manifest.version
+            << " device=" << ToString(cfg.device) << " startup_s=" << SecondsSince(t0) << std::endl;
+
+  const int sig = WaitForSignal(signals);
+  const Clock::time_point t_sig = Clock::now();
+  std::cout << "rmscore draining on signal " << sig << std::endl;
+  SetHealth(server, false);
+  service.StartDraining();
+  const auto until = t_sig + std::chrono::duration_cast<Clock::duration>(
+                                 std::chrono::duration<double>(cfg.drain_grace_seconds - cfg.shutdown_reserve_s()));
+  const bool drained = batcher.Drain(until);
+  batcher.Stop();  // fails what is left (only when not drained), so no call stays open
+  // Reactors may still call the batcher (a cancellation) until the server is down: it outlives it.
+  server.Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+  server.Wait();
+  metrics.StopServing();
+  std::cout << "rmscore stopped drained=" << (drained ? "true" : "false") << " drain_s=" << SecondsSince(t_sig)
+            << std::endl;
+}
+
 int Run(const Config& cfg, const sigset_t& signals) {
   const Clock::time_point t0 = Clock::now();
   const Manifest manifest = LoadManifest(cfg.model_dir);
@@ -94,85 +170,27 @@ int Run(const Config& cfg, const sigset_t& signals) {
 
   Metrics metrics(manifest.name, manifest.version);
   const int metrics_port = metrics.Serve(cfg.host, cfg.metrics_port);
-
   RewardModelService service(cfg, manifest, std::move(tokenizer_json), &metrics);
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(cfg.host + ":" + std::to_string(cfg.port), ServerCredentialsFor(cfg, &metrics), &port);
-  builder.SetMaxReceiveMessageSize(int(cfg.max_request_bytes));
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) {
-    throw std::runtime_error("cannot listen on " + cfg.host + ":" + std::to_string(cfg.port));
-  }
-  SetHealth(*server, false);
+  std::unique_ptr<grpc::Server> server = StartGrpc(cfg, service, metrics, &port);
   if (!cfg.port_file.empty()) WritePortFile(cfg.port_file, port, metrics_port);
   std::cout << "rmscore listening port=" << port << " metrics_port=" << metrics_port << std::endl;
 
   std::unique_ptr<ModelRunner> runner;
   try {
-    runner = std::make_unique<ModelRunner>(cfg, manifest);
-    WarmUp(*runner, cfg, signals);
+    runner = LoadModel(cfg, manifest, signals);
   } catch (...) {
     server->Shutdown(std::chrono::system_clock::now());
     throw;
   }
-  // Stopped while loading, warming up or self-checking: never SERVING, nothing accepted to drain.
-  auto stopped_during_startup = [&] {
-    if (!StopPending(signals)) return false;
+  if (!runner) {  // stopped while loading, warming up or self-checking: never SERVING, nothing to drain
     std::cout << "rmscore stopped during warm-up" << std::endl;
     server->Shutdown(std::chrono::system_clock::now());
     server->Wait();
     metrics.StopServing();
-    return true;
-  };
-  if (stopped_during_startup()) return 0;  // before the self-check: no need to wait for it
-  try {
-    const SelfCheckReference ref = SelfCheckReferenceFor(manifest, cfg.precision);
-    const double diff = runner->SelfCheck(manifest, cfg.precision);
-    std::cout << "rmscore self-check " << ToString(cfg.precision) << " graph=" << runner->graph_path()
-              << " golden=" << manifest.golden_inputs.size() << " (alone and as one padded batch) vs " << ref.what
-              << " max_abs_diff=" << diff << " tolerance=" << ref.tolerance << std::endl;
-    if (!(diff <= ref.tolerance)) {
-      std::ostringstream msg;
-      msg << "self-check failed: max abs diff " << diff << " vs " << ref.what << " exceeds the tolerance "
-          << ref.tolerance << "; refusing to serve";
-      throw std::runtime_error(msg.str());
-    }
-  } catch (...) {
-    server->Shutdown(std::chrono::system_clock::now());
-    throw;
+    return 0;
   }
-  if (stopped_during_startup()) return 0;
-  Batcher::Options bopts;
-  bopts.planner = PlannerConfig{cfg.max_batch_size, cfg.max_batch_tokens, cfg.max_queue_delay_us(), cfg.batching};
-  bopts.max_queue_sequences = cfg.max_queue_sequences;
-  bopts.pad_token_id = manifest.pad_token_id;
-  ModelRunner* model = runner.get();
-  Batcher batcher(
-      bopts, [model](const PackedBatch& b) { return model->Run(b); }, &metrics, [model] { model->Abort(); });
-  service.StartServing(&batcher);
-  SetHealth(*server, true);
-  std::cout << "rmscore ready model=" << manifest.name << " version=" << manifest.version
-            << " device=" << ToString(cfg.device) << " startup_s=" << SecondsSince(t0) << std::endl;
-
-  const int sig = WaitForSignal(signals);
-  const Clock::time_point t_sig = Clock::now();
-  std::cout << "rmscore draining on signal " << sig << std::endl;
-  SetHealth(*server, false);
-  service.StartDraining();
-  // Keep part of the grace for the gRPC and metrics shutdown (~2 s for the latter).
-  const auto grace = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cfg.drain_grace_seconds));
-  const auto reserve = std::min<Clock::duration>(std::chrono::seconds(3), grace / 2);
-  const bool drained = batcher.Drain(t_sig + grace - reserve);
-  batcher.Stop();  // fails what is left (only when not drained), so no call stays open
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
-  server->Wait();
-  metrics.StopServing();
-  std::cout << "rmscore stopped drained=" << (drained ? "true" : "false") << " drain_s=" << SecondsSince(t_sig)
-            << std::endl;
+  ServeAndDrain(cfg, manifest, *runner, service, *server, metrics, signals, t0);
   return 0;
 }
 

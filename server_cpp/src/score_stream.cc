@@ -70,7 +70,9 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
       cancelled_ = true;
       for (auto& [_, job] : outstanding_) jobs.push_back(job);
     }
-    for (auto& job : jobs) svc_->batcher()->Cancel(job);
+    // Each Cancel answers its item here (Scored -> Respond), and the last may Finish the call;
+    // gRPC holds the call until a reaction returns, so `this` stays valid through the loop.
+    for (auto& job : jobs) svc_->batcher()->Cancel(job);  // last touch of `this`
   }
 
   void OnDone() override { delete this; }
@@ -83,7 +85,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     if (s.ok()) {
       auto job = std::make_shared<Job>(
           std::vector<SeqView>{view}, deadline_, item,
-          [this, item, start](JobResult&& r) { Scored(*item, start, std::move(r)); });
+          [this, item, start](Result&& r) { Scored(*item, start, std::move(r)); });
       {
         std::lock_guard<std::mutex> lk(mu_);
         outstanding_.emplace(item.get(), job);
@@ -111,12 +113,13 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
       end_status_ = why;
       for (auto& [_, job] : outstanding_) jobs.push_back(job);
     }
+    // Inside a reaction: `this` stays valid even if a Cancel's answer finishes the call.
     for (auto& job : jobs) svc_->batcher()->Cancel(job);
-    MaybeFinish();
+    MaybeFinish();  // last touch of `this`
   }
 
-  // Runs on a batcher thread.
-  void Scored(const v1::ScoreStreamRequest& item, Clock::time_point start, JobResult&& r) {
+  // Runs on the batcher thread, or inside a reaction when Batcher::Cancel answers the item.
+  void Scored(const v1::ScoreStreamRequest& item, Clock::time_point start, Result&& r) {
     v1::ScoreStreamResponse resp;
     resp.set_id(item.id());
     if (r.status.ok()) {
@@ -153,8 +156,8 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
           next = &writes_.front();
         }
       }
-      // Decided under the same lock as the erase: this runs on a batcher thread, and once the
-      // lock is let go a reaction may finish the call and gRPC may delete `this`.
+      // Decided under the same lock as the erase: this may run on the batcher thread, and once
+      // the lock is let go a reaction may finish the call and gRPC may delete `this`.
       if (!next) finish = FinishableLocked(&status);
     }
     if (next) {

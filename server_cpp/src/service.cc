@@ -29,19 +29,21 @@ class ScoreCall final : public grpc::ServerUnaryReactor {
     if (s.ok()) {
       // The views point into req_, which lives until OnDone, after Finish.
       job_ = std::make_shared<Job>(std::move(views), SteadyDeadline(*ctx), nullptr,
-                                   [this](JobResult&& r) { Scored(std::move(r)); });
+                                   [this](Result&& r) { Scored(std::move(r)); });
       s = svc_->batcher()->Submit(job_);
     }
     if (!s.ok()) Answer(s);
   }
 
   void OnCancel() override {
-    if (job_) svc_->batcher()->Cancel(job_);
+    // Cancel answers the job here, so Finish may run inside this reaction; gRPC holds the call
+    // until a reaction returns, so OnDone cannot delete `this` before then.
+    if (job_) svc_->batcher()->Cancel(job_);  // last touch of `this`
   }
   void OnDone() override { delete this; }
 
  private:
-  void Scored(JobResult&& r) {
+  void Scored(Result&& r) {
     if (r.status.ok()) {
       v1::ScoreResponse resp;
       resp.mutable_scores()->Add(r.scores.begin(), r.scores.end());
@@ -135,7 +137,7 @@ grpc::Status SerializeAnswer(const google::protobuf::Message& msg, grpc::ByteBuf
   return grpc::GenericSerialize<grpc::ProtoBufferWriter, google::protobuf::Message>(msg, out, &own_buffer);
 }
 
-void FillTimings(const JobResult& r, v1::Timings* t) {
+void FillTimings(const Result& r, v1::Timings* t) {
   t->set_total_ms(r.total_ms);
   t->set_inference_ms(r.inference_ms);
   t->set_queue_ms(r.total_ms - r.inference_ms);

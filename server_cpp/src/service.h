@@ -72,8 +72,8 @@ grpc::Status ParseRequest(grpc::ByteBuffer* bytes, google::protobuf::Message* ms
 // only for a message past protobuf's 2 GiB.
 grpc::Status SerializeAnswer(const google::protobuf::Message& msg, grpc::ByteBuffer* out);
 
-// The rest of JobResult's timings: queue time is what inference did not take.
-void FillTimings(const JobResult& r, v1::Timings* t);
+// The rest of Result's timings: queue time is what inference did not take.
+void FillTimings(const Result& r, v1::Timings* t);
 inline double MsSince(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }

@@ -1,7 +1,8 @@
-// The batcher end to end with a deterministic stand-in model (score = a
-// function of the packed row), so the tests see exactly which sequences went
-// into which batch: splitting and joining, ordering, failures, admission,
-// deadlines, cancellation, drain and stop, each request finished once.
+// The batcher end to end with a deterministic stand-in model (score = first
+// id * 1000 + real length, read back from the packed tensors), so the tests
+// see exactly which sequences went into which batch. Events are ordered by a
+// gate the model waits at, never by sleeping. Each case has a namesake in
+// tests/unit/test_batcher.py (the Python batcher), and the other way round.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -17,52 +18,112 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Score of a row: first id * 1000 + real length, read back from the tensors
-// (so padding and masks are exercised too).
-std::vector<float> RowScores(const PackedBatch& b) {
-  std::vector<float> out;
-  for (int64_t r = 0; r < b.batch; ++r) {
-    int64_t len = 0;
-    for (int64_t c = 0; c < b.longest; ++c) len += b.attention_mask[size_t(r * b.longest + c)];
-    out.push_back(float(b.input_ids[size_t(r * b.longest)] * 1000 + len));
+// Holds model runs: each run entering waits for one Release (or for Open). Counts the entries.
+class Gate {
+ public:
+  void Enter() {
+    std::unique_lock<std::mutex> lk(mu_);
+    ++entered_;
+    cv_.notify_all();
+    cv_.wait(lk, [this] { return open_ || released_ > 0; });
+    if (!open_) --released_;
   }
-  return out;
-}
+  bool WaitEntered(int n) {
+    std::unique_lock<std::mutex> lk(mu_);
+    return cv_.wait_for(lk, 10s, [&] { return entered_ >= n; });
+  }
+  void Release() {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++released_;
+    cv_.notify_all();
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lk(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
 
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int entered_ = 0, released_ = 0;
+  bool open_ = false;
+};
+
+// The stand-in model and a FIFO batcher around it.
 struct Harness {
   Metrics metrics{"test", "v0"};
+  Gate gate;
+  bool gated = false;           // set before the first submit
+  int64_t fail_on = -1;         // a batch holding a sequence with this first id fails "boom"
+  std::atomic<bool> aborted{false};
   std::mutex mu;
-  std::vector<int64_t> batch_sizes;  // every batch the model saw
-  std::function<void(const PackedBatch&)> hook = [](const PackedBatch&) {};
+  std::vector<std::vector<int64_t>> batches;  // the first id of each sequence of each batch the model saw
   std::unique_ptr<Batcher> batcher;
-
-  std::function<void()> abort = [] {};
 
   explicit Harness(int64_t max_batch_size, int64_t delay_us = 0, int64_t max_queue = 4096) {
     Batcher::Options o;
     o.planner = PlannerConfig{max_batch_size, 1 << 20, delay_us, BatchingMode::kFifo};
     o.max_queue_sequences = max_queue;
     o.pad_token_id = 0;
-    batcher = std::make_unique<Batcher>(o, [this](const PackedBatch& b) {
-      hook(b);
+    batcher = std::make_unique<Batcher>(o, [this](const PackedBatch& b) { return Model(b); }, &metrics, [this] {
+      aborted = true;
+      gate.Open();
+    });
+  }
+
+  std::vector<float> Model(const PackedBatch& b) {
+    std::vector<int64_t> firsts;
+    std::vector<float> scores;
+    for (int64_t r = 0; r < b.batch; ++r) {
+      int64_t len = 0;
+      for (int64_t c = 0; c < b.longest; ++c) len += b.attention_mask[size_t(r * b.longest + c)];
+      firsts.push_back(b.input_ids[size_t(r * b.longest)]);
+      scores.push_back(float(firsts.back() * 1000 + len));
+    }
+    {
       std::lock_guard<std::mutex> lk(mu);
-      batch_sizes.push_back(b.batch);
-      return RowScores(b);
-    }, &metrics, [this] { abort(); });
+      batches.push_back(firsts);
+    }
+    if (gated) gate.Enter();
+    if (aborted) throw std::runtime_error("terminated");
+    for (int64_t f : firsts) {
+      if (f == fail_on) throw std::runtime_error("boom");
+    }
+    return scores;
+  }
+
+  std::vector<std::vector<int64_t>> Batches() {
+    std::lock_guard<std::mutex> lk(mu);
+    return batches;
+  }
+
+  // One series' value as a scrape would read it (a histogram: its count); `label` picks among labelled series.
+  double Read(const std::string& name, const std::string& label = "") {
+    for (const auto& family : metrics.registry().Collect()) {
+      if (family.name != name) continue;
+      for (const auto& m : family.metric) {
+        bool match = label.empty();
+        for (const auto& l : m.label) match = match || l.value == label;
+        if (!match) continue;
+        return family.type == prometheus::MetricType::Histogram ? double(m.histogram.sample_count) : m.counter.value;
+      }
+    }
+    return -1;
   }
 };
 
-// A submitted job and the future of its one result; counts completions.
+// A job, the future of its one answer, and how many answers it got.
 struct Submitted {
   std::vector<std::vector<int64_t>> ids;  // owns the token ids the views point at
-  std::shared_ptr<std::promise<JobResult>> promise = std::make_shared<std::promise<JobResult>>();
+  std::shared_ptr<std::promise<Result>> promise = std::make_shared<std::promise<Result>>();
   std::shared_ptr<std::atomic<int>> calls = std::make_shared<std::atomic<int>>(0);
-  std::future<JobResult> result = promise->get_future();
+  std::future<Result> result = promise->get_future();
   std::shared_ptr<Job> job;
   grpc::Status admitted;
 };
 
-std::unique_ptr<Submitted> Submit(Batcher& b, std::vector<std::vector<int64_t>> ids,
+std::unique_ptr<Submitted> NewJob(std::vector<std::vector<int64_t>> ids,
                                   std::optional<Clock::time_point> deadline = std::nullopt) {
   auto s = std::make_unique<Submitted>();
   s->ids = std::move(ids);
@@ -70,96 +131,107 @@ std::unique_ptr<Submitted> Submit(Batcher& b, std::vector<std::vector<int64_t>> 
   for (const auto& v : s->ids) views.push_back(SeqView{v.data(), int64_t(v.size())});
   auto promise = s->promise;
   auto calls = s->calls;
-  s->job = std::make_shared<Job>(std::move(views), deadline, nullptr, [promise, calls](JobResult&& r) {
+  s->job = std::make_shared<Job>(std::move(views), deadline, nullptr, [promise, calls](Result&& r) {
     if (calls->fetch_add(1) == 0) promise->set_value(std::move(r));
   });
+  return s;
+}
+
+std::unique_ptr<Submitted> Submit(Batcher& b, std::vector<std::vector<int64_t>> ids,
+                                  std::optional<Clock::time_point> deadline = std::nullopt) {
+  auto s = NewJob(std::move(ids), deadline);
   s->admitted = b.Submit(s->job);
   return s;
 }
 
-JobResult Get(Submitted& s) {
+Result Get(Submitted& s) {
   EXPECT_EQ(s.result.wait_for(10s), std::future_status::ready);
   return s.result.get();
 }
+
+using Batches = std::vector<std::vector<int64_t>>;
 
 TEST(Batcher, SplitsRequestsOverBatchesAndAnswersInRequestOrder) {
   Harness h(/*max_batch_size=*/2);
   auto a = Submit(*h.batcher, {{1, 1, 1}, {2}, {3, 3}, {4, 4, 4, 4}, {5}});
   auto b = Submit(*h.batcher, {{6, 6}});
   ASSERT_TRUE(a->admitted.ok());
-  JobResult ra = Get(*a), rb = Get(*b);
+  Result ra = Get(*a), rb = Get(*b);
   ASSERT_TRUE(ra.status.ok()) << ra.status.error_message();
   EXPECT_EQ(ra.scores, (std::vector<float>{1003, 2001, 3002, 4004, 5001}));
   EXPECT_EQ(rb.scores, (std::vector<float>{6002}));
   EXPECT_GT(ra.inference_ms, 0);
   EXPECT_GE(ra.total_ms, ra.inference_ms);
-  std::lock_guard<std::mutex> lk(h.mu);
-  for (int64_t n : h.batch_sizes) EXPECT_LE(n, 2);
-  int64_t total = 0;
-  for (int64_t n : h.batch_sizes) total += n;
-  EXPECT_EQ(total, 6);
+  size_t total = 0;
+  for (const auto& batch : h.Batches()) {
+    EXPECT_LE(batch.size(), 2u);
+    total += batch.size();
+  }
+  EXPECT_EQ(total, 6u);
   h.batcher->Stop();
   EXPECT_EQ(*a->calls, 1);
   EXPECT_EQ(*b->calls, 1);
 }
 
 TEST(Batcher, JoinsSequencesOfSeveralRequestsIntoOneBatch) {
-  // A long delay and room for all: the three requests must share one batch.
-  Harness h(/*max_batch_size=*/8, /*delay_us=*/200000);
+  // A one-minute delay: only a full batch runs. Four sequences of three requests fill it; a fifth
+  // that does not fit is what makes it full, and waits.
+  Harness h(/*max_batch_size=*/4, /*delay_us=*/60'000'000);
   auto a = Submit(*h.batcher, {{1}});
   auto b = Submit(*h.batcher, {{2}, {2, 2}});
   auto c = Submit(*h.batcher, {{3}});
+  auto d = Submit(*h.batcher, {{4}});
   EXPECT_EQ(Get(*a).scores, std::vector<float>{1001});
   EXPECT_EQ(Get(*b).scores, (std::vector<float>{2001, 2002}));
   EXPECT_EQ(Get(*c).scores, std::vector<float>{3001});
-  std::lock_guard<std::mutex> lk(h.mu);
-  EXPECT_EQ(h.batch_sizes, std::vector<int64_t>{4});
+  EXPECT_EQ(h.Batches(), (Batches{{1, 2, 2, 3}}));
+  h.batcher->Stop();
+  EXPECT_EQ(Get(*d).status.error_code(), grpc::StatusCode::UNAVAILABLE);
 }
 
-TEST(Batcher, WhileABatchRunsOnlyAFullBatchIsBuiltAhead) {
-  // Zero delay: an idle worker takes whatever waits. While the model is held
-  // inside the first batch, three single sequences arrive one by one; the
-  // shared policy builds no partial batch ahead, so all three (not just the
-  // first) join the batch after it.
-  Harness h(/*max_batch_size=*/8, /*delay_us=*/0);
-  std::promise<void> entered, release;
-  std::shared_future<void> released = release.get_future().share();
-  std::atomic<int> calls{0};
-  h.hook = [&](const PackedBatch&) {
-    if (calls.fetch_add(1) == 0) {
-      entered.set_value();
-      released.wait();
-    }
-  };
+TEST(Batcher, ArrivalsDuringARunJoinTheNextBatch) {
+  // Zero delay: an idle batcher runs whatever waits. While the model holds the first batch,
+  // three requests arrive; they wait together and run as one batch after it.
+  Harness h(/*max_batch_size=*/8);
+  h.gated = true;
   auto first = Submit(*h.batcher, {{1}});
-  ASSERT_EQ(entered.get_future().wait_for(10s), std::future_status::ready);
+  ASSERT_TRUE(h.gate.WaitEntered(1));
   auto a = Submit(*h.batcher, {{2}});
-  std::this_thread::sleep_for(20ms);  // the batcher plans after each arrival
-  auto b = Submit(*h.batcher, {{3}});
+  auto b = Submit(*h.batcher, {{3}, {3, 3}});
   auto c = Submit(*h.batcher, {{4}});
-  std::this_thread::sleep_for(20ms);
-  release.set_value();
+  h.gate.Open();
   EXPECT_EQ(Get(*first).scores, std::vector<float>{1001});
   EXPECT_EQ(Get(*a).scores, std::vector<float>{2001});
-  EXPECT_EQ(Get(*b).scores, std::vector<float>{3001});
+  EXPECT_EQ(Get(*b).scores, (std::vector<float>{3001, 3002}));
   EXPECT_EQ(Get(*c).scores, std::vector<float>{4001});
-  std::lock_guard<std::mutex> lk(h.mu);
-  EXPECT_EQ(h.batch_sizes, (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(h.Batches(), (Batches{{1}, {2, 3, 3, 4}}));
 }
 
 TEST(Batcher, AFailingBatchFailsItsRequestsAndServingGoesOn) {
   Harness h(/*max_batch_size=*/1);
-  h.hook = [](const PackedBatch& b) {
-    if (b.input_ids[0] == 66) throw std::runtime_error("boom");
-  };
+  h.fail_on = 66;
   auto bad = Submit(*h.batcher, {{1}, {66}, {2}, {3}});
-  JobResult r = Get(*bad);
+  Result r = Get(*bad);
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INTERNAL);
   EXPECT_EQ(r.status.error_message(), "batch failed: boom");
   auto good = Submit(*h.batcher, {{7}});
   EXPECT_EQ(Get(*good).scores, std::vector<float>{7001});
+  // The failed request's sequences still queued never reached the model.
+  EXPECT_EQ(h.Batches(), (Batches{{1}, {66}, {7}}));
   h.batcher->Stop();
   EXPECT_EQ(*bad->calls, 1);
+}
+
+TEST(Batcher, AFailedBatchCountsInTheBatchMetricsNotInScored) {
+  Harness h(/*max_batch_size=*/2);
+  h.fail_on = 66;
+  EXPECT_EQ(Get(*Submit(*h.batcher, {{66}})).status.error_code(), grpc::StatusCode::INTERNAL);
+  EXPECT_TRUE(Get(*Submit(*h.batcher, {{1}, {2}})).status.ok());
+  EXPECT_EQ(h.Read("rmscore_batch_size"), 2);
+  EXPECT_EQ(h.Read("rmscore_batch_inference_seconds"), 2);
+  EXPECT_EQ(h.Read("rmscore_batch_padding_ratio"), 2);
+  EXPECT_EQ(h.Read("rmscore_sequences_scored_total"), 2);  // only the batch that succeeded
+  EXPECT_EQ(h.Read("rmscore_queue_wait_seconds"), 3);      // every sequence taken into a batch
 }
 
 TEST(Batcher, QueueFullIsRefusedAtOnceWithTheContractMessage) {
@@ -169,7 +241,8 @@ TEST(Batcher, QueueFullIsRefusedAtOnceWithTheContractMessage) {
   auto b = Submit(*h.batcher, {{3}, {4}});
   EXPECT_EQ(b->admitted.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_EQ(b->admitted.error_message(), "queue full: 2 sequences waiting + 2 requested exceed max_queue_sequences 3");
-  h.batcher->Stop();  // the waiting one fails once, refused one never runs its callback
+  h.batcher->Cancel(b->job);  // a refused job is never answered, even when its caller then cancels
+  h.batcher->Stop();          // the waiting one fails once
   EXPECT_EQ(Get(*a).status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(*b->calls, 0);
 }
@@ -177,64 +250,105 @@ TEST(Batcher, QueueFullIsRefusedAtOnceWithTheContractMessage) {
 TEST(Batcher, ExpiredSequencesNeverReachTheModel) {
   Harness h(/*max_batch_size=*/8);
   auto late = Submit(*h.batcher, {{1}, {2}}, Clock::now() - 1ms);
-  JobResult r = Get(*late);
+  Result r = Get(*late);
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_EQ(r.status.error_message(), "deadline exceeded before scoring");
-  std::lock_guard<std::mutex> lk(h.mu);
-  EXPECT_TRUE(h.batch_sizes.empty());
+  EXPECT_TRUE(h.Batches().empty());
+  EXPECT_EQ(h.Read("rmscore_sequences_dropped_total", "deadline"), 2);
 }
 
 TEST(Batcher, CancelledSequencesAreDroppedBeforeTheModel) {
   Harness h(/*max_batch_size=*/8, /*delay_us=*/60'000'000);
   auto s = Submit(*h.batcher, {{1}, {2}});
   h.batcher->Cancel(s->job);
+  Result r = Get(*s);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(r.status.error_message(), "cancelled by the client");
+  EXPECT_TRUE(h.Batches().empty());
+  EXPECT_EQ(h.Read("rmscore_sequences_dropped_total", "cancelled"), 2);
+}
+
+TEST(Batcher, CancelWhileInTheModelAnswersAtOnceAndDropsTheRest) {
+  Harness h(/*max_batch_size=*/1);
+  h.gated = true;
+  auto s = Submit(*h.batcher, {{1}, {2}, {3}});
+  ASSERT_TRUE(h.gate.WaitEntered(1));
+  h.batcher->Cancel(s->job);  // answered now, with its first sequence still in the model
   EXPECT_EQ(Get(*s).status.error_code(), grpc::StatusCode::CANCELLED);
-  std::lock_guard<std::mutex> lk(h.mu);
-  EXPECT_TRUE(h.batch_sizes.empty());
+  h.gate.Open();
+  EXPECT_TRUE(Get(*Submit(*h.batcher, {{4}})).status.ok());
+  EXPECT_EQ(h.Batches(), (Batches{{1}, {4}}));
+  EXPECT_EQ(h.Read("rmscore_sequences_dropped_total", "cancelled"), 2);
+  h.batcher->Stop();
+  EXPECT_EQ(*s->calls, 1);
+}
+
+TEST(Batcher, CancelBeforeSubmitRefusesTheJob) {
+  // A stream item can be cancelled between its reactor registering it and submitting it.
+  Harness h(/*max_batch_size=*/8);
+  auto s = NewJob({{1}});
+  h.batcher->Cancel(s->job);
+  const grpc::Status admitted = h.batcher->Submit(s->job);
+  EXPECT_EQ(admitted.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(admitted.error_message(), "cancelled by the client");
+  EXPECT_TRUE(h.batcher->Drain(Clock::now() + 10s));  // nothing was accepted
+  EXPECT_EQ(*s->calls, 0);
 }
 
 TEST(Batcher, DrainFinishesAcceptedWorkThenRefuses) {
-  Harness h(/*max_batch_size=*/8, /*delay_us=*/100'000);
-  h.hook = [](const PackedBatch&) { std::this_thread::sleep_for(50ms); };
+  Harness h(/*max_batch_size=*/2);
+  h.gated = true;
   auto a = Submit(*h.batcher, {{1}, {2}, {3}});
-  EXPECT_TRUE(h.batcher->Drain(Clock::now() + 5s));
-  ASSERT_EQ(a->result.wait_for(0s), std::future_status::ready);
-  EXPECT_EQ(a->result.get().scores, (std::vector<float>{1001, 2001, 3001}));
+  ASSERT_TRUE(h.gate.WaitEntered(1));
+  EXPECT_FALSE(h.batcher->Drain(Clock::now() + 50ms));  // a batch is held in the model
   auto late = Submit(*h.batcher, {{4}});
   EXPECT_EQ(late->admitted.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(late->admitted.error_message(), "not ready: draining");
+  h.gate.Open();
+  EXPECT_TRUE(h.batcher->Drain(Clock::now() + 10s));
+  ASSERT_EQ(a->result.wait_for(0s), std::future_status::ready);  // answered before Drain returned
+  EXPECT_EQ(a->result.get().scores, (std::vector<float>{1001, 2001, 3001}));
+  EXPECT_EQ(*late->calls, 0);
 }
 
 TEST(Batcher, StopAbortsTheRunningBatchAndFailsTheRestOnce) {
   Harness h(/*max_batch_size=*/1);
-  std::mutex mu;
-  std::condition_variable cv;
-  bool running = false, aborted = false;
-  h.hook = [&](const PackedBatch&) {
-    std::unique_lock<std::mutex> lk(mu);
-    running = true;
-    cv.notify_all();
-    cv.wait(lk, [&] { return aborted; });  // a model run that only ends when aborted
-    throw std::runtime_error("terminated");
-  };
-  h.abort = [&] {
-    std::lock_guard<std::mutex> lk(mu);
-    aborted = true;
-    cv.notify_all();
-  };
-  auto running_job = Submit(*h.batcher, {{1}});
-  {
-    std::unique_lock<std::mutex> lk(mu);
-    ASSERT_TRUE(cv.wait_for(lk, 10s, [&] { return running; }));
-  }
+  h.gated = true;  // a model run that only ends when released or aborted
+  auto running = Submit(*h.batcher, {{1}});
+  ASSERT_TRUE(h.gate.WaitEntered(1));
   auto queued = Submit(*h.batcher, {{2}, {3}});
   h.batcher->Stop();
-  JobResult r = Get(*running_job);
+  Result r = Get(*running);
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INTERNAL);
   EXPECT_EQ(r.status.error_message(), "batch failed: terminated");
-  EXPECT_EQ(Get(*queued).status.error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_EQ(*running_job->calls, 1);
+  Result q = Get(*queued);
+  EXPECT_EQ(q.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(q.status.error_message(), "not ready: draining");
+  EXPECT_EQ(*running->calls, 1);
   EXPECT_EQ(*queued->calls, 1);
+  EXPECT_EQ(h.Batches(), (Batches{{1}}));
+}
+
+TEST(Batcher, StopWithoutAbortLetsTheRunningBatchFinish) {
+  // The Python servers' torch backend cannot abort a run: Stop fails the queue, then waits for it.
+  Metrics metrics("test", "v0");
+  Gate gate;
+  Batcher::Options o;
+  o.planner = PlannerConfig{1, 1 << 20, 0, BatchingMode::kFifo};
+  Batcher batcher(o, [&](const PackedBatch& b) {
+    gate.Enter();
+    return std::vector<float>(size_t(b.batch), 0.5f);
+  }, &metrics);
+  auto running = Submit(batcher, {{1}});
+  ASSERT_TRUE(gate.WaitEntered(1));
+  auto queued = Submit(batcher, {{2}});
+  std::thread stopper([&] { batcher.Stop(); });
+  EXPECT_EQ(Get(*queued).status.error_code(), grpc::StatusCode::UNAVAILABLE);  // failed before the join
+  gate.Release();
+  stopper.join();
+  Result r = Get(*running);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.scores, std::vector<float>{0.5f});
 }
 
 TEST(Batcher, ManyConcurrentSubmittersEachAnsweredOnce) {
@@ -253,7 +367,7 @@ TEST(Batcher, ManyConcurrentSubmittersEachAnsweredOnce) {
   }
   for (auto& th : threads) th.join();
   for (auto& s : all) {
-    JobResult r = Get(*s);
+    Result r = Get(*s);
     ASSERT_TRUE(r.status.ok());
     EXPECT_EQ(r.scores, (std::vector<float>{float(s->ids[0][0] * 1000 + 2), float(s->ids[1][0] * 1000 + 1)}));
   }

@@ -69,6 +69,29 @@ TEST(Config, BadValuesQuoteTheValue) {
   EXPECT_EQ(ErrorOf({"--model"}), "--model: missing value");
 }
 
+// The same rules and messages as the Python servers (tests/conformance/test_flags.py holds both).
+TEST(Config, DrainGraceMustBePositive) {
+  EXPECT_EQ(ErrorOf({"--drain-grace-seconds", "0"}), "--drain-grace-seconds: must be > 0, got 0");
+  EXPECT_EQ(ErrorOf({"--drain-grace-seconds=-2"}), "--drain-grace-seconds: must be > 0, got -2");
+  EXPECT_EQ(Parse({"--drain-grace-seconds", "0.5"}).drain_grace_seconds, 0.5);
+}
+
+TEST(Config, PerRequestLimitMustFitTheQueue) {
+  EXPECT_EQ(ErrorOf({"--max-queue-sequences", "100", "--max-sequences-per-request", "101"}),
+            "--max-sequences-per-request: must be <= --max-queue-sequences (100), got 101");
+  // Checked once every flag is read, whatever their order.
+  EXPECT_EQ(ErrorOf({"--max-sequences-per-request=2000", "--max-queue-sequences=1999"}),
+            "--max-sequences-per-request: must be <= --max-queue-sequences (1999), got 2000");
+  EXPECT_EQ(Parse({"--max-queue-sequences", "100", "--max-sequences-per-request", "100"}).max_sequences_per_request,
+            100);
+}
+
+TEST(Config, ShutdownReserveIsThreeSecondsAtMostAndHalfTheGraceAtLeast) {
+  EXPECT_EQ(Parse({}).shutdown_reserve_s(), 3.0);
+  EXPECT_EQ(Parse({"--drain-grace-seconds", "4"}).shutdown_reserve_s(), 2.0);
+  EXPECT_EQ(Parse({"--drain-grace-seconds", "6"}).shutdown_reserve_s(), 3.0);
+}
+
 // Files for the access-control flags, removed when the test ends.
 class AccessFiles : public ::testing::Test {
  protected:

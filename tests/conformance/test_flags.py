@@ -15,6 +15,10 @@ BAD = [
     (dict(max_queue_delay_ms=-1), "--max-queue-delay-ms: must be >= 0, got -1"),
     (dict(port=70000), "--port: must be"),
     (dict(batching="lifo"), "--batching: must be one of"),
+    # Python quotes the parsed float ("got 0.0"), C++ the flag as typed ("got 0"): both start so.
+    (dict(drain_grace_seconds=0), "--drain-grace-seconds: must be > 0, got 0"),
+    (dict(max_queue_sequences=100, max_sequences_per_request=101),
+     "--max-sequences-per-request: must be <= --max-queue-sequences (100), got 101"),
 ]
 
 

@@ -1,194 +1,338 @@
-"""The batching core without a server: a scoring function gated by events, not sleeps."""
+"""The batcher end to end with a deterministic stand-in model (score = first id * 1000 + real length,
+read back from the padded tensors), so the tests see exactly which sequences went into which batch.
+Events are ordered by a gate the model waits at, never by sleeping. Each case has a namesake in
+server_cpp/tests/test_batcher.cc (the C++ batcher), and the other way round."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
 
-from rmscore.core.batcher import Batcher, Result
+from rmscore.core.batcher import Batcher, Job, Result
 from rmscore.core.errors import Code, ScoreError
 from rmscore.core.metrics import Metrics
-from rmscore.core.planner import PlannerConfig
+from rmscore.core.planner import FIFO, PlannerConfig
+
+LABELS = {"server": "test", "backend": "v0"}
 
 
-class GatedModel:
-    """Scores a sequence as the sum of its ids; each batch waits for `release` once `gate` is set."""
+class Gate:
+    """Holds model runs: each run entering waits for one release (or for open). Counts the entries."""
 
-    def __init__(self, fail_when=None):
-        self.batches: list[list[int]] = []  # the lengths of each batch's sequences
-        self.entered = threading.Semaphore(0)
-        self.release = threading.Semaphore(0)
-        self.gated = False
-        self.fail_when = fail_when
-
-    def __call__(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        self.batches.append(mask.sum(1).tolist())
-        if self.gated:
-            self.entered.release()
-            assert self.release.acquire(timeout=30)
-        if self.fail_when and self.fail_when(ids, mask):
-            raise RuntimeError("boom")
-        return (ids * mask).sum(1).astype(np.float32)
-
-
-class Outcomes:
     def __init__(self):
-        self.got: dict[str, object] = {}
-        self.calls: dict[str, int] = {}
-        self.done = threading.Condition()
+        self._cv = threading.Condition()
+        self._entered = self._released = 0
+        self._open = False
 
-    def cb(self, key):
-        def done(outcome):
-            with self.done:
-                self.got[key] = outcome
-                self.calls[key] = self.calls.get(key, 0) + 1
-                self.done.notify_all()
-        return done
+    def enter(self) -> None:
+        with self._cv:
+            self._entered += 1
+            self._cv.notify_all()
+            self._cv.wait_for(lambda: self._open or self._released > 0)
+            if not self._open:
+                self._released -= 1
 
-    def wait(self, *keys, timeout=30):
-        with self.done:
-            assert self.done.wait_for(lambda: all(k in self.got for k in keys), timeout), (keys, self.got)
-        return [self.got[k] for k in keys]
+    def wait_entered(self, n: int) -> bool:
+        with self._cv:
+            return self._cv.wait_for(lambda: self._entered >= n, 10)
 
+    def release(self) -> None:
+        with self._cv:
+            self._released += 1
+            self._cv.notify_all()
 
-def make(model, size=4, tokens=10_000, delay_us=0, mode="length_aware", queue=100):
-    return Batcher(PlannerConfig(size, tokens, delay_us, mode), queue, model, 0, Metrics("test", "test"))
-
-
-def test_request_answered_in_order_and_split_over_batches():
-    model, out = GatedModel(), Outcomes()
-    b = make(model, size=2)
-    seqs = [[1, 2, 3], [5], [7, 7], [1] * 10, [2]]
-    b.submit(seqs, None, out.cb("a"))
-    (r,) = out.wait("a")
-    assert isinstance(r, Result) and r.scores == [6, 5, 14, 10, 2]
-    assert sum(len(x) for x in model.batches) == 5 and max(len(x) for x in model.batches) <= 2
-    assert r.inference_ms > 0 and r.total_ms >= r.inference_ms
-    b.stop()
+    def open(self) -> None:
+        with self._cv:
+            self._open = True
+            self._cv.notify_all()
 
 
-def test_next_batch_joins_sequences_of_many_requests_while_the_model_runs():
-    model, out = GatedModel(), Outcomes()
-    model.gated = True
-    b = make(model, size=8)
-    b.submit([[1]], None, out.cb("first"))
-    assert model.entered.acquire(timeout=10)  # batch 1 is running; the rest queue behind it
-    for k in range(3):
-        b.submit([[k + 1] * 4, [k + 1] * 5], None, out.cb(f"r{k}"))
-    model.release.release()
-    assert model.entered.acquire(timeout=10)
-    model.release.release()
-    out.wait("first", "r0", "r1", "r2")
-    assert model.batches[1] == [4, 5, 4, 5, 4, 5]  # one batch, three requests
-    b.stop()
+class Harness:
+    """The stand-in model and a FIFO batcher around it."""
+
+    def __init__(self, max_batch_size: int, delay_us: int = 0, max_queue: int = 4096):
+        self.metrics = Metrics("test", "v0")
+        self.gate = Gate()
+        self.gated = False  # set before the first submit
+        self.fail_on = None  # a batch holding a sequence with this first id fails "boom"
+        self.aborted = False
+        self.batches: list[list[int]] = []  # the first id of each sequence of each batch the model saw
+        opts = Batcher.Options(PlannerConfig(max_batch_size, 1 << 20, delay_us, FIFO), max_queue, 0)
+        self.batcher = Batcher(opts, self.model, self.metrics, self.abort)
+
+    def abort(self) -> None:
+        self.aborted = True
+        self.gate.open()
+
+    def model(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        firsts = ids[:, 0].tolist()
+        self.batches.append(firsts)
+        if self.gated:
+            self.gate.enter()
+        if self.aborted:
+            raise RuntimeError("terminated")
+        if self.fail_on in firsts:
+            raise RuntimeError("boom")
+        return (ids[:, 0] * 1000 + mask.sum(1)).astype(np.float32)
+
+    def read(self, name: str, label: str | None = None) -> float:
+        """One series' value as a scrape would read it (a histogram: its count)."""
+        labels = dict(LABELS, reason=label) if label else LABELS
+        value = self.metrics.registry.get_sample_value(name, labels)
+        if value is None:
+            value = self.metrics.registry.get_sample_value(name + "_count", labels)
+        return -1 if value is None else value
 
 
-def test_full_queue_is_refused_at_once():
-    model, out = GatedModel(), Outcomes()
-    model.gated = True
-    b = make(model, queue=5)
-    b.submit([[1]], None, out.cb("running"))
-    assert model.entered.acquire(timeout=10)
-    b.submit([[1]] * 5, None, out.cb("queued"))
+class Submitted:
+    """A job, its one answer once it comes, and how many answers it got."""
+
+    def __init__(self, ids: list[list[int]], deadline_s: float | None = None):
+        self.ids = ids
+        self.calls = 0
+        self.outcome: Result | ScoreError | None = None
+        self._cv = threading.Condition()
+        self.job = Job(ids, deadline_s, self._done)
+        self.admitted: ScoreError | None = None
+
+    def _done(self, outcome) -> None:
+        with self._cv:
+            self.calls += 1
+            self.outcome = outcome
+            self._cv.notify_all()
+
+    def get(self):
+        with self._cv:
+            assert self._cv.wait_for(lambda: self.calls > 0, 10), self.ids
+        return self.outcome
+
+
+def submit(b: Batcher, ids: list[list[int]], deadline_s: float | None = None) -> Submitted:
+    s = Submitted(ids, deadline_s)
+    try:
+        b.submit(s.job)
+    except ScoreError as e:
+        s.admitted = e
+    return s
+
+
+def code_of(outcome) -> Code:
+    assert isinstance(outcome, ScoreError), outcome
+    return outcome.code
+
+
+def test_splits_requests_over_batches_and_answers_in_request_order():
+    h = Harness(max_batch_size=2)
+    a = submit(h.batcher, [[1, 1, 1], [2], [3, 3], [4, 4, 4, 4], [5]])
+    b = submit(h.batcher, [[6, 6]])
+    assert a.admitted is None
+    ra, rb = a.get(), b.get()
+    assert isinstance(ra, Result) and ra.scores == [1003, 2001, 3002, 4004, 5001]
+    assert rb.scores == [6002]
+    assert ra.inference_ms > 0 and ra.total_ms >= ra.inference_ms
+    assert all(len(batch) <= 2 for batch in h.batches) and sum(map(len, h.batches)) == 6
+    h.batcher.stop()
+    assert (a.calls, b.calls) == (1, 1)
+
+
+def test_joins_sequences_of_several_requests_into_one_batch():
+    # A one-minute delay: only a full batch runs. Four sequences of three requests fill it; a fifth
+    # that does not fit is what makes it full, and waits.
+    h = Harness(max_batch_size=4, delay_us=60_000_000)
+    a = submit(h.batcher, [[1]])
+    b = submit(h.batcher, [[2], [2, 2]])
+    c = submit(h.batcher, [[3]])
+    d = submit(h.batcher, [[4]])
+    assert a.get().scores == [1001]
+    assert b.get().scores == [2001, 2002]
+    assert c.get().scores == [3001]
+    assert h.batches == [[1, 2, 2, 3]]
+    h.batcher.stop()
+    assert code_of(d.get()) == Code.UNAVAILABLE
+
+
+def test_arrivals_during_a_run_join_the_next_batch():
+    # Zero delay: an idle batcher runs whatever waits. While the model holds the first batch,
+    # three requests arrive; they wait together and run as one batch after it.
+    h = Harness(max_batch_size=8)
+    h.gated = True
+    first = submit(h.batcher, [[1]])
+    assert h.gate.wait_entered(1)
+    a = submit(h.batcher, [[2]])
+    b = submit(h.batcher, [[3], [3, 3]])
+    c = submit(h.batcher, [[4]])
+    h.gate.open()
+    assert first.get().scores == [1001]
+    assert a.get().scores == [2001]
+    assert b.get().scores == [3001, 3002]
+    assert c.get().scores == [4001]
+    assert h.batches == [[1], [2, 3, 3, 4]]
+    h.batcher.stop()
+
+
+def test_a_failing_batch_fails_its_requests_and_serving_goes_on():
+    h = Harness(max_batch_size=1)
+    h.fail_on = 66
+    bad = submit(h.batcher, [[1], [66], [2], [3]])
+    r = bad.get()
+    assert code_of(r) == Code.INTERNAL and r.message == "batch failed: boom"
+    good = submit(h.batcher, [[7]])
+    assert good.get().scores == [7001]
+    # The failed request's sequences still queued never reached the model.
+    assert h.batches == [[1], [66], [7]]
+    h.batcher.stop()
+    assert bad.calls == 1
+
+
+def test_a_failed_batch_counts_in_the_batch_metrics_not_in_scored():
+    h = Harness(max_batch_size=2)
+    h.fail_on = 66
+    assert code_of(submit(h.batcher, [[66]]).get()) == Code.INTERNAL
+    assert isinstance(submit(h.batcher, [[1], [2]]).get(), Result)
+    assert h.read("rmscore_batch_size") == 2
+    assert h.read("rmscore_batch_inference_seconds") == 2
+    assert h.read("rmscore_batch_padding_ratio") == 2
+    assert h.read("rmscore_sequences_scored_total") == 2  # only the batch that succeeded
+    assert h.read("rmscore_queue_wait_seconds") == 3  # every sequence taken into a batch
+    h.batcher.stop()
+
+
+def test_queue_full_is_refused_at_once_with_the_contract_message():
+    h = Harness(max_batch_size=64, delay_us=60_000_000, max_queue=3)
+    a = submit(h.batcher, [[1], [2]])
+    assert a.admitted is None
+    b = submit(h.batcher, [[3], [4]])
+    assert b.admitted.code == Code.RESOURCE_EXHAUSTED
+    assert b.admitted.message == "queue full: 2 sequences waiting + 2 requested exceed max_queue_sequences 3"
+    h.batcher.cancel(b.job)  # a refused job is never answered, even when its caller then cancels
+    h.batcher.stop()  # the waiting one fails once
+    assert code_of(a.get()) == Code.UNAVAILABLE
+    assert b.calls == 0
+
+
+def test_expired_sequences_never_reach_the_model():
+    h = Harness(max_batch_size=8)
+    late = submit(h.batcher, [[1], [2]], time.monotonic() - 0.001)
+    r = late.get()
+    assert code_of(r) == Code.DEADLINE_EXCEEDED and r.message == "deadline exceeded before scoring"
+    assert h.batches == []
+    assert h.read("rmscore_sequences_dropped_total", "deadline") == 2
+    h.batcher.stop()
+
+
+def test_cancelled_sequences_are_dropped_before_the_model():
+    h = Harness(max_batch_size=8, delay_us=60_000_000)
+    s = submit(h.batcher, [[1], [2]])
+    h.batcher.cancel(s.job)
+    r = s.get()
+    assert code_of(r) == Code.CANCELLED and r.message == "cancelled by the client"
+    assert h.batches == []
+    assert h.read("rmscore_sequences_dropped_total", "cancelled") == 2
+    h.batcher.stop()
+
+
+def test_cancel_while_in_the_model_answers_at_once_and_drops_the_rest():
+    h = Harness(max_batch_size=1)
+    h.gated = True
+    s = submit(h.batcher, [[1], [2], [3]])
+    assert h.gate.wait_entered(1)
+    h.batcher.cancel(s.job)  # answered now, with its first sequence still in the model
+    assert code_of(s.get()) == Code.CANCELLED
+    h.gate.open()
+    assert isinstance(submit(h.batcher, [[4]]).get(), Result)
+    assert h.batches == [[1], [4]]
+    assert h.read("rmscore_sequences_dropped_total", "cancelled") == 2
+    h.batcher.stop()
+    assert s.calls == 1
+
+
+def test_cancel_before_submit_refuses_the_job():
+    # A stream item can be cancelled between its front end registering it and submitting it.
+    h = Harness(max_batch_size=8)
+    s = Submitted([[1]])
+    h.batcher.cancel(s.job)
     with pytest.raises(ScoreError) as e:
-        b.submit([[1]], None, out.cb("refused"))
-    assert e.value.code == Code.RESOURCE_EXHAUSTED and "5 sequences waiting + 1 requested" in e.value.message
-    model.release.release()
-    model.gated = False
-    out.wait("running", "queued")
-    assert "refused" not in out.got
-    b.stop()
+        h.batcher.submit(s.job)
+    assert (e.value.code, e.value.message) == (Code.CANCELLED, "cancelled by the client")
+    assert h.batcher.drain(time.monotonic() + 10)  # nothing was accepted
+    assert s.calls == 0
+    h.batcher.stop()
 
 
-def test_failing_batch_fails_its_requests_and_the_batcher_keeps_serving():
-    model, out = GatedModel(fail_when=lambda ids, mask: (ids == 666).any()), Outcomes()
-    b = make(model, size=1)
-    b.submit([[666]], None, out.cb("bad"))
-    (err,) = out.wait("bad")
-    assert isinstance(err, ScoreError) and err.code == Code.INTERNAL and "batch failed: boom" in err.message
-    b.submit([[2, 2]], None, out.cb("good"))
-    assert out.wait("good")[0].scores == [4]
-    assert out.calls == {"bad": 1, "good": 1}
-    b.stop()
+def test_drain_finishes_accepted_work_then_refuses():
+    h = Harness(max_batch_size=2)
+    h.gated = True
+    a = submit(h.batcher, [[1], [2], [3]])
+    assert h.gate.wait_entered(1)
+    assert not h.batcher.drain(time.monotonic() + 0.05)  # a batch is held in the model
+    late = submit(h.batcher, [[4]])
+    assert (late.admitted.code, late.admitted.message) == (Code.UNAVAILABLE, "not ready: draining")
+    h.gate.open()
+    assert h.batcher.drain(time.monotonic() + 10)
+    assert a.calls == 1  # answered before drain returned
+    assert a.outcome.scores == [1001, 2001, 3001]
+    assert late.calls == 0
+    h.batcher.stop()
 
 
-def test_expired_and_cancelled_sequences_never_reach_the_model():
-    import time
-
-    model, out = GatedModel(), Outcomes()
-    model.gated = True
-    b = make(model, size=8)
-    b.submit([[1]], None, out.cb("running"))
-    assert model.entered.acquire(timeout=10)
-    b.submit([[9] * 3], time.monotonic() - 1, out.cb("expired"))  # deadline already passed
-    gone = b.submit([[8] * 3], None, out.cb("cancelled"))
-    b.submit([[2] * 7], None, out.cb("kept"))
-    b.cancel(gone)
-    model.gated = False
-    model.release.release()
-    expired, cancelled, kept = out.wait("expired", "cancelled", "kept")
-    assert expired.code == Code.DEADLINE_EXCEEDED and cancelled.code == Code.CANCELLED
-    assert kept.scores == [14]
-    assert all(3 not in batch for batch in model.batches)  # neither 3-token sequence was run
-    b.stop()
+def test_stop_aborts_the_running_batch_and_fails_the_rest_once():
+    h = Harness(max_batch_size=1)
+    h.gated = True  # a model run that only ends when released or aborted
+    running = submit(h.batcher, [[1]])
+    assert h.gate.wait_entered(1)
+    queued = submit(h.batcher, [[2], [3]])
+    h.batcher.stop()
+    r = running.get()
+    assert code_of(r) == Code.INTERNAL and r.message == "batch failed: terminated"
+    q = queued.get()
+    assert code_of(q) == Code.UNAVAILABLE and q.message == "not ready: draining"
+    assert (running.calls, queued.calls) == (1, 1)
+    assert h.batches == [[1]]
 
 
-def test_drain_finishes_accepted_work_and_refuses_new():
-    model, out = GatedModel(), Outcomes()
-    model.gated = True
-    b = make(model, size=2)
-    b.submit([[1], [2], [3]], None, out.cb("accepted"))
-    assert model.entered.acquire(timeout=10)
-    b.begin_drain()
-    with pytest.raises(ScoreError) as e:
-        b.submit([[1]], None, out.cb("late"))
-    assert e.value.code == Code.UNAVAILABLE and "draining" in e.value.message
-    assert not b.wait_idle(0.05)
-    model.gated = False
-    model.release.release()
-    assert b.wait_idle(10)
-    assert out.wait("accepted")[0].scores == [1, 2, 3]
-    b.stop()
+def test_stop_without_abort_lets_the_running_batch_finish():
+    # The Python servers' backends cannot abort a run: stop fails the queue, then waits for it.
+    gate = Gate()
 
+    def model(ids, mask):
+        gate.enter()
+        return np.full(len(ids), 0.5, dtype=np.float32)
 
-def test_stop_answers_whatever_is_still_queued():
-    model, out = GatedModel(), Outcomes()
-    model.gated = True
-    b = make(model, size=1)
-    b.submit([[1]], None, out.cb("running"))
-    assert model.entered.acquire(timeout=10)
-    b.submit([[5]], None, out.cb("queued"))
-    threading.Timer(0.2, model.release.release).start()
-    b.stop()
-    (queued,) = out.wait("queued")
-    assert isinstance(queued, ScoreError) and queued.code == Code.UNAVAILABLE
-    assert out.calls["queued"] == 1
-
-
-def test_stop_answers_a_batch_built_but_never_run():
-    # While the worker runs, a full batch is built ahead into the slot; on stop the worker exits
-    # without taking it, so stop itself must answer it (it once left such a call open forever).
-    model, out = GatedModel(), Outcomes()
-    model.gated = True
-    b = make(model, size=1)
-    b.submit([[1]], None, out.cb("running"))
-    assert model.entered.acquire(timeout=10)
-    b.submit([[5]], None, out.cb("built"))
-    b.submit([[6]], None, out.cb("queued"))  # a neighbour that does not fit makes [[5]] a full batch
-    with b._lock:  # white-box: wait for the batcher to have sealed it, not for time to pass
-        assert b._wake.wait_for(lambda: b._slot is not None, 10)
-    # Release the running batch only once stop() has marked the batcher stopping, so the worker
-    # cannot take the built batch first (as a timer racing stop() could let it).
-    stopper = threading.Thread(target=b.stop)
+    batcher = Batcher(Batcher.Options(PlannerConfig(1, 1 << 20, 0, FIFO)), model, Metrics("test", "v0"))
+    running = submit(batcher, [[1]])
+    assert gate.wait_entered(1)
+    queued = submit(batcher, [[2]])
+    stopper = threading.Thread(target=batcher.stop)
     stopper.start()
-    with b._lock:
-        assert b._wake.wait_for(lambda: b._stopping, 10)
-    model.release.release()
-    stopper.join(30)
-    built, queued, running = out.wait("built", "queued", "running")
-    for e in (built, queued):
-        assert isinstance(e, ScoreError) and (e.code, e.message) == (Code.UNAVAILABLE, "not ready: draining")
-    assert isinstance(running, Result) and running.scores == [1]
-    assert model.batches == [[1]]
+    assert code_of(queued.get()) == Code.UNAVAILABLE  # failed before the join
+    gate.release()
+    stopper.join(10)
+    r = running.get()
+    assert isinstance(r, Result) and r.scores == [0.5]
+
+
+def test_many_concurrent_submitters_each_answered_once():
+    h = Harness(max_batch_size=5, delay_us=500)
+    everything: list[Submitted] = []
+    lock = threading.Lock()
+
+    def submitter(t: int) -> None:
+        for i in range(50):
+            s = submit(h.batcher, [[t + 1, i], [i + 1]])
+            with lock:
+                everything.append(s)
+
+    threads = [threading.Thread(target=submitter, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for s in everything:
+        r = s.get()
+        assert isinstance(r, Result), r
+        assert r.scores == [s.ids[0][0] * 1000 + 2, s.ids[1][0] * 1000 + 1]
+    h.batcher.stop()
+    assert all(s.calls == 1 for s in everything)

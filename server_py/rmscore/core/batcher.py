@@ -1,34 +1,36 @@
-"""The transport-free micro-batching core shared by the Python gRPC and HTTP servers.
+"""Dynamic batching, Triton-style, shared by the Python gRPC and HTTP servers.
 
-Threads, in the style of Triton's dynamic batcher:
-- the *batcher* thread owns the queue: it asks the planner (planner.py) what to
-  do, drops expired sequences, and packs the next batch's tensors;
-- the *worker* thread runs the model on one batch at a time and answers.
-While the worker runs a batch, the batcher forms the next one only if it is
-full; otherwise it waits for the worker, so late arrivals can still join.
+The sequences of accepted requests wait in one queue; one batcher thread asks the
+planner (planner.py) what to run or how long to wait, then runs that batch on the
+model itself, and each request is answered once all of its sequences are scored,
+or at once when it fails. server_cpp/src/batcher.{h,cc} is this file in C++, with
+the same names and the same steps (docs/batching.md, "Structure").
 
-Every accepted request is finished exactly once (`_Request.finish`), whatever
-fails: scored, deadline, cancelled, batch failure, or shutdown.
+Locking: everything shared lives under `_mu`. It is held to admit, plan, take and
+pack a batch, and to mark requests finished; never across the model run or an
+answer's callback. Any thread holding it may remove sequences from the queue
+(cancel on the event loop, stop on the main thread).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from rmscore.core.errors import Code, ScoreError
 from rmscore.core.metrics import Metrics
-from rmscore.model.modeling import pad_batch
 from rmscore.core.planner import PlannerConfig, Waiting, plan
+from rmscore.model.modeling import pad_batch
 
 
 @dataclass
 class Result:
+    """A request's scores, in request order (a failure is a ScoreError instead)."""
+
     scores: list[float]
     total_ms: float
     inference_ms: float
@@ -38,256 +40,282 @@ class Result:
         return max(0.0, self.total_ms - self.inference_ms)
 
 
-Callback = Callable[["Result | ScoreError"], None]
+Done = Callable[["Result | ScoreError"], None]
+# Scores one padded batch (input_ids, attention_mask) or raises; the batcher thread calls it.
+BatchModel = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def _draining() -> ScoreError:
+    return ScoreError(Code.UNAVAILABLE, "not ready: draining")
+
+
+class Job:
+    """One accepted unit of work: a Score call or one ScoreStream item.
+
+    `deadline_s` is a time.monotonic() value or None; `done` runs exactly once, never
+    under the batcher's lock, and must not block.
+    """
+
+    def __init__(self, seqs: list[list[int]], deadline_s: float | None, done: Done):
+        self.seqs = seqs
+        self.deadline_s = deadline_s
+        self.done = done
+        # Guarded by Batcher._mu; set by submit.
+        self.accepted = False
+        self.accepted_at = 0.0
+        self.deadline_us: int | None = None  # on the batcher's clock (_now_us: monotonic)
+        self.first_seq_id = 0  # its sequences have ids first_seq_id .. + len(seqs) - 1
+        # Guarded by Batcher._mu until finished; final (read without the lock) after.
+        self.scores = np.zeros(len(seqs), dtype=np.float32)
+        self.remaining = len(seqs)  # sequences not scored yet
+        self.error: ScoreError | None = None  # why it failed, when it did
+        self.finished = False  # answered, refused, or cancelled before submit
+        self.inference_ms = 0.0
+
+
+@dataclass
+class _Queued:
+    job: Job
+    index: int  # position in the job's sequences
+    arrival_us: int
+
+
+@dataclass
+class _Batch:
+    seqs: list[_Queued]
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    padding_ratio: float
 
 
 def _now_us() -> int:
     return time.monotonic_ns() // 1000
 
 
-class _Request:
-    def __init__(self, n: int, deadline_us: int | None, done: Callback):
-        self.scores = np.zeros(n, dtype=np.float32)
-        self.remaining = n
-        self.deadline_us = deadline_us
-        self.accepted_us = _now_us()
-        self.inference_s = 0.0
-        self.item_ids: list[int] = []
-        self._done = done
-        self.finished = False  # guarded by Batcher._lock
-
-    def finish(self, outcome: "Result | ScoreError") -> None:
-        """Called exactly once, outside the batcher lock (callbacks may take their own locks)."""
-        self._done(outcome)
-
-
-@dataclass
-class _Item:
-    id: int
-    req: _Request
-    index: int
-    ids: list[int]
-    arrival_us: int
-
-
-@dataclass
-class _Batch:
-    items: list[_Item]
-    input_ids: np.ndarray
-    attention_mask: np.ndarray
-    padding_ratio: float
-    requests: list[_Request] = field(default_factory=list)
-
-
 class Batcher:
-    def __init__(self, planner: PlannerConfig, max_queue_sequences: int,
-                 score_fn: Callable[[np.ndarray, np.ndarray], np.ndarray], pad_id: int, metrics: Metrics):
-        self._cfg = planner
-        self._max_queue = max_queue_sequences
-        self._score = score_fn
-        self._pad_id = pad_id
+    @dataclass(frozen=True)
+    class Options:
+        planner: PlannerConfig
+        max_queue_sequences: int = 4096
+        pad_token_id: int = 0
+
+    def __init__(self, opts: Options, model: BatchModel, metrics: Metrics,
+                 abort: Callable[[], None] | None = None):
+        """`abort` (optional) makes a model run in progress fail; stop uses it."""
+        self._opts = opts
+        self._model = model
+        self._abort = abort
         self._metrics = metrics
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
-        # Guarded by _lock:
-        self._queue: OrderedDict[int, _Item] = OrderedDict()  # arrival order
-        self._next_id = 0
-        self._slot: _Batch | None = None  # the prepared batch waiting for the worker
-        self._worker_busy = False
-        self._in_flight = 0
+        self._mu = threading.Lock()
+        self._work_cv = threading.Condition(self._mu)  # for the batcher thread: a job arrived or was cancelled, stop
+        self._idle_cv = threading.Condition(self._mu)  # for drain: _in_flight reached 0
+        self._queue: dict[int, _Queued] = {}  # by sequence id, which is arrival order
+        self._next_seq_id = 1
+        self._in_flight = 0  # accepted, callback not yet run
         self._accepting = True
         self._stopping = False
-        self._threads = [threading.Thread(target=self._batcher_loop, name="rmscore-batcher", daemon=True),
-                         threading.Thread(target=self._worker_loop, name="rmscore-worker", daemon=True)]
-        for t in self._threads:
-            t.start()
+        # The batcher thread: plans, then runs, one batch at a time.
+        self._thread = threading.Thread(target=self._loop, name="rmscore-batcher", daemon=True)
+        self._thread.start()
 
-    # ---- front-end API -------------------------------------------------------------------
-    def submit(self, seqs: list[list[int]], deadline_s: float | None, done: Callback) -> _Request:
-        """Queue a validated request; `done` gets a Result or a ScoreError, exactly once.
-
-        `deadline_s` is a time.monotonic() value or None. Raises ScoreError at once when
-        the server is draining or the queue is full: overload is refused, never queued.
-        """
-        deadline_us = None if deadline_s is None else int(deadline_s * 1e6)
-        req = _Request(len(seqs), deadline_us, done)
-        with self._lock:
-            if not self._accepting:
-                raise ScoreError(Code.UNAVAILABLE, "not ready: draining")
-            waiting = len(self._queue)
-            if waiting + len(seqs) > self._max_queue:
-                raise ScoreError(Code.RESOURCE_EXHAUSTED,
-                                 f"queue full: {waiting} sequences waiting + {len(seqs)} requested exceed "
-                                 f"max_queue_sequences {self._max_queue}")
-            for i, ids in enumerate(seqs):
-                item = _Item(self._next_id, req, i, ids, req.accepted_us)
-                self._queue[item.id] = item
-                req.item_ids.append(item.id)
-                self._next_id += 1
+    # ---- callers' API ------------------------------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        """Accept the job (its `done` then runs exactly once, later) or raise ScoreError at once:
+        RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE while draining (`done` never runs)."""
+        with self._mu:
+            if job.finished:  # cancelled before it was submitted
+                raise job.error
+            refused = self._refusal_locked(len(job.seqs))
+            if refused is not None:
+                job.finished, job.error = True, refused  # never answered: a later cancel does nothing
+                raise refused
+            job.accepted = True
+            job.accepted_at = time.monotonic()
+            arrival = _now_us()
+            if job.deadline_s is not None:
+                job.deadline_us = int(job.deadline_s * 1e6)
+            job.first_seq_id = self._next_seq_id
+            for i in range(len(job.seqs)):
+                self._queue[self._next_seq_id] = _Queued(job, i, arrival)
+                self._next_seq_id += 1
             self._in_flight += 1
-            depth = len(self._queue)
-            self._wake.notify_all()
-        self._metrics.queue_depth(depth)
-        return req
+            self._metrics.set_queue_depth(len(self._queue))
+            self._metrics.in_flight(+1)
+            self._work_cv.notify()
 
-    def cancel(self, req: _Request) -> None:
-        """The caller went away: its sequences leave the queue without costing model time."""
-        self._fail([req], ScoreError(Code.CANCELLED, "cancelled by the client"), drop_reason="cancelled")
+    def _refusal_locked(self, n: int) -> ScoreError | None:
+        """Precondition: _mu held. Why a job of `n` sequences cannot be accepted now (None when it can):
+        overload and draining are refused at once, never queued."""
+        if not self._accepting:
+            return _draining()
+        waiting = len(self._queue)
+        if waiting + n <= self._opts.max_queue_sequences:
+            return None
+        return ScoreError(Code.RESOURCE_EXHAUSTED,
+                          f"queue full: {waiting} sequences waiting + {n} requested exceed "
+                          f"max_queue_sequences {self._opts.max_queue_sequences}")
 
-    def begin_drain(self) -> None:
-        with self._lock:
+    def cancel(self, job: Job) -> None:
+        """The caller gave up (client cancelled): the job is answered CANCELLED now, on the calling
+        thread, and its queued sequences are dropped."""
+        answers: list[Job] = []
+        with self._mu:
+            self._fail_locked(job, ScoreError(Code.CANCELLED, "cancelled by the client"), "cancelled", answers)
+            self._work_cv.notify()  # the oldest sequence may have left: the wait changes
+        self._answer(answers)
+
+    def drain(self, deadline_s: float) -> bool:
+        """Refuse new jobs from now on; wait until every accepted job is answered or `deadline_s`
+        (time.monotonic) passes. True when drained."""
+        with self._mu:
             self._accepting = False
-
-    def wait_idle(self, timeout_s: float) -> bool:
-        """After begin_drain: True once every accepted request was answered."""
-        end = time.monotonic() + timeout_s
-        with self._lock:
-            while self._in_flight:
-                left = end - time.monotonic()
-                if left <= 0:
-                    return False
-                self._wake.wait(left)
-        return True
+            return self._idle_cv.wait_for(lambda: self._in_flight == 0, max(0.0, deadline_s - time.monotonic()))
 
     def stop(self, join_timeout_s: float = 30.0) -> None:
-        """Fail whatever is still queued (UNAVAILABLE) and end the threads. A batch already in the
-        model cannot be interrupted: its calls are answered when it ends, if the transport is still up."""
-        with self._lock:
+        """Refuse new jobs, fail the queued ones UNAVAILABLE, abort the model run in progress (its
+        jobs fail INTERNAL) and end the batcher thread. Without `abort` (torch cannot interrupt a
+        run) the running batch's jobs are answered when it ends, if the transport is still up."""
+        answers: list[Job] = []
+        with self._mu:
             self._accepting = False
             self._stopping = True
-            reqs = {id(it.req): it.req for it in self._queue.values()}
-            if self._slot is not None:  # built but never run: the worker exits without taking it
-                reqs.update({id(it.req): it.req for it in self._slot.items})
-                self._slot = None
-            self._wake.notify_all()
-        self._fail(list(reqs.values()), ScoreError(Code.UNAVAILABLE, "not ready: draining"), "cancelled")
-        end = time.monotonic() + join_timeout_s
-        for t in self._threads:
-            t.join(timeout=max(0.0, end - time.monotonic()))
+            while self._queue:
+                self._fail_locked(next(iter(self._queue.values())).job, _draining(), None, answers)
+            self._work_cv.notify()
+        self._answer(answers)
+        if not self._thread.is_alive():
+            return  # stopped before
+        if self._abort:
+            self._abort()
+        self._thread.join(join_timeout_s)
 
     def running(self) -> bool:
-        """A batcher thread is still alive (after stop: a batch is still in the model)."""
-        return any(t.is_alive() for t in self._threads)
+        """The batcher thread is still alive (after stop: a batch is still in the model)."""
+        return self._thread.is_alive()
 
-    # ---- batcher thread --------------------------------------------------------------------
-    def _batcher_loop(self) -> None:
+    # ---- the batcher thread ----------------------------------------------------------------------------
+    def _loop(self) -> None:
         while True:
-            with self._lock:
-                # Precondition for planning: the slot is free. While the worker runs, only a full
-                # batch is formed ahead of time (planning with an infinite delay yields only full ones).
-                while not self._stopping and (self._slot is not None or not self._queue):
-                    self._wake.wait()
+            answers: list[Job] = []
+            with self._mu:
                 if self._stopping:
                     return
-                now = _now_us()
-                cfg = self._cfg if not self._worker_busy else _no_delay_unless_full(self._cfg)
-                decision = plan([Waiting(it.id, it.arrival_us, len(it.ids), it.req.deadline_us)
-                                 for it in self._queue.values()], now, cfg)
-                expired = {id(self._queue[i].req): self._queue[i].req for i in decision.expired}
-                batch_items = [self._queue.pop(i) for i in decision.batch]
-                depth = len(self._queue)
-                if not batch_items and not expired:
-                    # While the worker runs, its completion is what wakes us (notify_all).
-                    busy = self._worker_busy or decision.wait_us is None
-                    self._wake.wait(None if busy else decision.wait_us / 1e6)
-                    continue
-            self._metrics.queue_depth(depth)
-            if expired:
-                self._fail(list(expired.values()), ScoreError(Code.DEADLINE_EXCEEDED,
-                                                              "deadline exceeded before scoring"), "deadline")
-            if batch_items:
-                batch = self._pack(batch_items, now)
-                with self._lock:
-                    stopped = self._stopping  # stop() ran while packing: it saw neither queue nor slot
-                    if not stopped:
-                        self._slot = batch
-                        self._wake.notify_all()
-                if stopped:
-                    reqs = {id(it.req): it.req for it in batch_items}
-                    self._fail(list(reqs.values()), ScoreError(Code.UNAVAILABLE, "not ready: draining"), "cancelled")
-                    return
+                batch = self._next_batch_locked(answers)
+            self._answer(answers)
+            if batch is not None:
+                self._run(batch)
 
-    def _pack(self, items: list[_Item], now_us: int) -> _Batch:
-        ids, mask = pad_batch([it.ids for it in items], self._pad_id)
-        padding = 1.0 - float(mask.sum()) / mask.size
-        for it in items:
-            self._metrics.queue_wait((now_us - it.arrival_us) / 1e6)
-        return _Batch(items, ids, mask, padding)
+    def _next_batch_locked(self, answers: list[Job]) -> _Batch | None:
+        """Precondition: _mu held. Waits until there is something to do: returns the next batch,
+        taken off the queue and packed, or None with the jobs that expired meanwhile in `answers`,
+        or None when stopping."""
+        while not self._stopping:
+            if not self._queue:
+                self._work_cv.wait()
+                continue
+            now = _now_us()
+            decision = plan(self._waiting_locked(), now, self._opts.planner)
+            expired = ScoreError(Code.DEADLINE_EXCEEDED, "deadline exceeded before scoring")
+            for seq_id in decision.expired:
+                # All of a job's sequences share its deadline: the first one fails (and removes) them all.
+                q = self._queue.get(seq_id)
+                if q is not None:
+                    self._fail_locked(q.job, expired, "deadline", answers)
+            if decision.batch:
+                return self._take_batch_locked(decision.batch, now)
+            if answers:
+                return None
+            # An arrival or a cancel wakes it early.
+            self._work_cv.wait(None if decision.wait_us is None else decision.wait_us / 1e6)
+        return None
 
-    # ---- worker thread ---------------------------------------------------------------------
-    def _worker_loop(self) -> None:
-        while True:
-            with self._lock:
-                while self._slot is None and not self._stopping:
-                    self._wake.wait()
-                if self._stopping:
-                    return
-                batch, self._slot = self._slot, None
-                self._worker_busy = True
-                self._wake.notify_all()  # the batcher may plan the next batch now
-            self._run(batch)
-            with self._lock:
-                self._worker_busy = False
-                self._wake.notify_all()
+    def _waiting_locked(self) -> list[Waiting]:
+        """Precondition: _mu held. The planner's view of the queue, in arrival order."""
+        return [Waiting(seq_id, q.arrival_us, len(q.job.seqs[q.index]), q.job.deadline_us)
+                for seq_id, q in self._queue.items()]
 
-    def _run(self, batch: _Batch) -> None:
+    def _take_batch_locked(self, ids: list[int], now_us: int) -> _Batch:
+        """Precondition: _mu held. Removes `ids` from the queue and packs them (under _mu, as the C++
+        batcher must: there the sequences are views into request messages). Their queue wait ends now."""
+        seqs = [self._queue.pop(seq_id) for seq_id in ids]
+        for q in seqs:
+            self._metrics.queue_wait((now_us - q.arrival_us) / 1e6)
+        input_ids, mask = pad_batch([q.job.seqs[q.index] for q in seqs], self._opts.pad_token_id)
+        self._metrics.set_queue_depth(len(self._queue))
+        return _Batch(seqs, input_ids, mask, 1.0 - float(mask.sum()) / mask.size)
+
+    def _run(self, b: _Batch) -> None:
+        """Runs one batch on the model (without _mu), then records its scores or its failure."""
         t0 = time.perf_counter()
+        scores: np.ndarray | None = None
+        error: ScoreError | None = None
         try:
-            scores = np.asarray(self._score(batch.input_ids, batch.attention_mask), dtype=np.float32)
-            if scores.shape != (len(batch.items),):
-                raise RuntimeError(f"model returned shape {scores.shape} for a batch of {len(batch.items)}")
+            scores = np.asarray(self._model(b.input_ids, b.attention_mask), dtype=np.float32)
+            if scores.shape != (len(b.seqs),):
+                raise RuntimeError(f"model returned shape {scores.shape} for a batch of {len(b.seqs)}")
         except Exception as e:  # noqa: BLE001 - any runtime failure fails this batch, not the server
-            reqs = {id(it.req): it.req for it in batch.items}
-            self._fail(list(reqs.values()), ScoreError(Code.INTERNAL, f"batch failed: {e}"), None)
+            error = ScoreError(Code.INTERNAL, f"batch failed: {e}")
+            scores = None
+        ms = (time.perf_counter() - t0) * 1e3
+        # A failed run still took the model's time: the batch histograms count every run.
+        self._metrics.batch_ran(ms / 1e3, len(b.seqs), b.padding_ratio)
+        if error is None:
+            self._metrics.sequences_scored(len(b.seqs))
+        answers: list[Job] = []
+        with self._mu:
+            self._scored_locked(b, scores, ms, answers)
+            if error is not None:
+                # Each job of the batch fails once; its sequences still queued never reach the model.
+                for q in b.seqs:
+                    self._fail_locked(q.job, error, None, answers)
+        self._answer(answers)
+
+    # ---- shared steps -----------------------------------------------------------------------------------
+    def _scored_locked(self, b: _Batch, scores: np.ndarray | None, ms: float, answers: list[Job]) -> None:
+        """Precondition: _mu held. Adds the batch's time to each unfinished job in it (once per job)
+        and, when `scores` is there, records them; a job whose last sequence that was joins `answers`."""
+        seen: set[int] = set()
+        for i, q in enumerate(b.seqs):
+            job = q.job
+            if job.finished:  # cancelled or failed while it ran: answered already
+                continue
+            if id(job) not in seen:
+                seen.add(id(job))
+                job.inference_ms += ms
+            if scores is None:
+                continue
+            job.scores[q.index] = scores[i]
+            job.remaining -= 1
+            if job.remaining == 0:
+                job.finished = True
+                answers.append(job)
+
+    def _fail_locked(self, job: Job, why: ScoreError, drop_reason: str | None, answers: list[Job]) -> None:
+        """Precondition: _mu held. Fails `job` with `why` unless it is finished already: it joins
+        `answers` and its queued sequences leave the queue (counted as dropped when `drop_reason` is
+        set). Its sequences in a running batch stay there; their scores are ignored."""
+        if job.finished:
             return
-        seconds = time.perf_counter() - t0
-        self._metrics.batch(len(batch.items), batch.padding_ratio, seconds)
-        done: list[_Request] = []
-        with self._lock:
-            seen = set()
-            for it, s in zip(batch.items, scores):
-                req = it.req
-                if req.finished:
-                    continue
-                req.scores[it.index] = s
-                req.remaining -= 1
-                if id(req) not in seen:
-                    seen.add(id(req))
-                    req.inference_s += seconds
-                if req.remaining == 0:
-                    req.finished = True
-                    self._in_flight -= 1
-                    done.append(req)
-            if done:
-                self._wake.notify_all()
-        now = _now_us()
-        for req in done:
-            req.finish(Result(req.scores.tolist(), (now - req.accepted_us) / 1e3, req.inference_s * 1e3))
-
-    # ---- shared ------------------------------------------------------------------------------
-    def _fail(self, reqs: list[_Request], err: ScoreError, drop_reason: str | None) -> None:
-        """Finish each unfinished request with `err` and remove its queued sequences."""
-        failed = []
-        dropped = 0
-        with self._lock:
-            for req in reqs:
-                if req.finished:
-                    continue
-                req.finished = True
-                self._in_flight -= 1
-                failed.append(req)
-                for i in req.item_ids:
-                    if self._queue.pop(i, None) is not None:
-                        dropped += 1
-            depth = len(self._queue)
-            self._wake.notify_all()
-        self._metrics.queue_depth(depth)
+        job.finished = True
+        job.error = why
+        if not job.accepted:
+            return  # cancelled before submit, which refuses it with `why`
+        answers.append(job)
+        dropped = sum(self._queue.pop(job.first_seq_id + i, None) is not None for i in range(len(job.seqs)))
+        self._metrics.set_queue_depth(len(self._queue))
         if drop_reason and dropped:
-            self._metrics.dropped(drop_reason, dropped)
-        for req in failed:
-            req.finish(err)
+            self._metrics.sequences_dropped(drop_reason, dropped)
 
-
-def _no_delay_unless_full(cfg: PlannerConfig) -> PlannerConfig:
-    # An effectively infinite delay: the planner then dispatches only a full batch.
-    return PlannerConfig(cfg.max_batch_size, cfg.max_batch_tokens, 1 << 62, cfg.mode)
+    def _answer(self, answers: list[Job]) -> None:
+        """Without _mu: runs each finished job's callback, then counts it answered (so drain returns
+        only once every answer was handed over)."""
+        if not answers:
+            return
+        for job in answers:
+            total_ms = (time.monotonic() - job.accepted_at) * 1e3
+            job.done(job.error if job.error is not None else Result(job.scores.tolist(), total_ms, job.inference_ms))
+        self._metrics.in_flight(-len(answers))
+        with self._mu:
+            self._in_flight -= len(answers)
+            if self._in_flight == 0:
+                self._idle_cv.notify_all()

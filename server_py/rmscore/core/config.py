@@ -23,6 +23,11 @@ class ConfigError(ValueError):
     pass
 
 
+#: The most of --drain-grace-seconds kept for failing what is left and closing the transports after the
+#: drain (docs/contract.md); the C++ server's kShutdownReserveMaxS.
+SHUTDOWN_RESERVE_MAX_S = 3.0
+
+
 def _read(path: pathlib.Path) -> bytes | None:
     try:
         return path.read_bytes()
@@ -124,6 +129,11 @@ class ServeConfig:
     @property
     def tls(self) -> bool:
         return self.tls_cert_file is not None
+
+    @property
+    def shutdown_reserve_s(self) -> float:
+        """min(SHUTDOWN_RESERVE_MAX_S, grace / 2): the same in every server."""
+        return min(SHUTDOWN_RESERVE_MAX_S, self.drain_grace_seconds / 2)
 
     @property
     def planner(self) -> PlannerConfig:

@@ -14,10 +14,6 @@ SPEC = json.loads((pathlib.Path(__file__).parent / "metrics.json").read_text())
 _TYPES = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
 
 
-def metric_names() -> list[str]:
-    return [m["name"] for m in SPEC["metrics"]]
-
-
 class Metrics:
     """Every metric of one server, with `server` and `backend` already bound."""
 
@@ -51,22 +47,25 @@ class Metrics:
         if seconds is not None:
             self._child("rmscore_request_latency_seconds").observe(seconds)
 
+    # The batcher's metrics: the same names and arguments as server_cpp/src/metrics.h.
     def in_flight(self, delta: int) -> None:
         self._child("rmscore_requests_in_flight").inc(delta)
 
-    def queue_depth(self, n: int) -> None:
+    def set_queue_depth(self, n: int) -> None:
         self._child("rmscore_queue_depth").set(n)
 
-    def batch(self, size: int, padding_ratio: float, seconds: float) -> None:
+    def batch_ran(self, seconds: float, size: int, padding_ratio: float) -> None:
+        self._child("rmscore_batch_inference_seconds").observe(seconds)
         self._child("rmscore_batch_size").observe(size)
         self._child("rmscore_batch_padding_ratio").observe(padding_ratio)
-        self._child("rmscore_batch_inference_seconds").observe(seconds)
-        self._child("rmscore_sequences_scored_total").inc(size)
+
+    def sequences_scored(self, n: int) -> None:
+        self._child("rmscore_sequences_scored_total").inc(n)
 
     def queue_wait(self, seconds: float) -> None:
         self._child("rmscore_queue_wait_seconds").observe(seconds)
 
-    def dropped(self, reason: str, n: int = 1) -> None:
+    def sequences_dropped(self, reason: str, n: int) -> None:
         self._child("rmscore_sequences_dropped_total", reason=reason).inc(n)
 
     def recompiles(self, n: int) -> None:

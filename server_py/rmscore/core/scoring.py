@@ -15,7 +15,7 @@ import threading
 import time
 
 from rmscore import runtimes
-from rmscore.core.batcher import Batcher, Result
+from rmscore.core.batcher import Batcher, Job, Result
 from rmscore.core.config import ServeConfig
 from rmscore.core.errors import Code, ScoreError
 from rmscore.core.metrics import Metrics
@@ -67,17 +67,17 @@ class ScoringCore:
             diff = runtimes.self_check(self.backend, self.repo, self.cfg.precision)
             runtimes.progress(f"self-check passed: max abs diff {diff:.2e} against the golden scores")
             self._baseline_recompiles = self.backend.recompiles()
-            self.batcher = Batcher(self.cfg.planner, self.cfg.max_queue_sequences, self._score,
-                                   self.repo.pad_token_id, self.metrics)
         except Exception as e:  # noqa: BLE001 - any load failure means "never ready", said clearly
             self.failure = str(e)
             runtimes.progress(f"FAILED to start: {e}")
             self._set_state(FAILED)
             return
         with self._state_lock:
-            if self.state != WARMING_UP:  # SIGTERM came during warm-up: stay draining
-                self.batcher.begin_drain()
+            if self.state != WARMING_UP:  # SIGTERM came during warm-up: stay draining, accept nothing
                 return
+            # No abort hook: neither backend can interrupt a run (stop() says what that means).
+            self.batcher = Batcher(Batcher.Options(self.cfg.planner, self.cfg.max_queue_sequences,
+                                                   self.repo.pad_token_id), self._score, self.metrics)
             self._set_state(SERVING)
         runtimes.progress(f"ready: SERVING after {time.perf_counter() - t0:.1f} s")
 
@@ -118,35 +118,33 @@ class ScoringCore:
         def done(outcome) -> None:
             loop.call_soon_threadsafe(_resolve, fut, outcome)
 
-        req = self.batcher.submit(seqs, deadline_s, done)
-        self.metrics.in_flight(1)
+        job = Job(seqs, deadline_s, done)
+        self.batcher.submit(job)  # the batcher keeps the in-flight gauge, as in the C++ server
         try:
             return await fut
         except asyncio.CancelledError:
-            self.batcher.cancel(req)
+            self.batcher.cancel(job)
             raise
-        finally:
-            self.metrics.in_flight(-1)
 
     # ---- shutdown -------------------------------------------------------------------------
     def begin_drain(self) -> None:
+        """From now on scoring calls are refused "not ready: draining" (wait_drained then closes the
+        batcher itself), as the C++ server's StartDraining."""
         with self._state_lock:
             self._set_state(DRAINING)
-            if self.batcher:
-                self.batcher.begin_drain()
 
     def drain_deadline(self, t_signal: float) -> float:
         """Until when (time.monotonic) accepted work may run after the signal at `t_signal`: the grace
         less a reserve for failing what is left and closing the transport, so the process exits
         within --drain-grace-seconds, as the C++ server does."""
-        grace = self.cfg.drain_grace_seconds
-        return t_signal + grace - self.shutdown_reserve_s()
+        return t_signal + self.cfg.drain_grace_seconds - self.shutdown_reserve_s()
 
     def shutdown_reserve_s(self) -> float:
-        return min(2.0, self.cfg.drain_grace_seconds / 2)
+        return self.cfg.shutdown_reserve_s
 
     def wait_drained(self, until: float) -> bool:
-        return self.batcher.wait_idle(max(0.0, until - time.monotonic())) if self.batcher else True
+        """Refuse new work and wait until every accepted request is answered or `until` passes."""
+        return self.batcher.drain(until) if self.batcher else True
 
     def stop(self, join_timeout_s: float = 30.0) -> None:
         """Fail what is still queued (UNAVAILABLE), so every call ends, and stop the batcher."""
