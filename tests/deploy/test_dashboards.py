@@ -44,6 +44,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROM_DIR = ROOT / "docker" / "prometheus"
 PROM_CONFIG = PROM_DIR / "prometheus.yml"
 RULES = PROM_DIR / "rules.yml"
+ALERTS = PROM_DIR / "alerts.yml"
+ALERT_TESTS = PROM_DIR / "alerts_test.yml"
 GRAFANA = ROOT / "docker" / "grafana"
 DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
 DATASOURCES = GRAFANA / "provisioning" / "datasources" / "prometheus.yml"
@@ -66,8 +68,12 @@ TRICKLE_MAX = 600  # 5 min at 2/s: more than the checks take
 # reading the committed files
 
 
-def load_rules() -> list[dict]:
-    return [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+def load_rules(path: pathlib.Path = RULES) -> list[dict]:
+    return [r for g in yaml.safe_load(path.read_text())["groups"] for r in g["rules"]]
+
+
+def load_alerts() -> list[dict]:
+    return load_rules(ALERTS)
 
 
 def iter_panels(panels: list[dict]):
@@ -147,11 +153,99 @@ def test_every_recording_rule_is_shown_somewhere():
     assert not unused, f"recorded but on no dashboard: {sorted(unused)}"
 
 
-def test_rules_pass_promtool():
+def promtool(*args: str) -> subprocess.CompletedProcess:
     if shutil.which("promtool") is None:
         pytest.skip("promtool is not installed (scripts/setup.sh installs the prometheus package)")
-    r = subprocess.run(["promtool", "check", "rules", str(RULES)], capture_output=True, text=True)
+    return subprocess.run(["promtool", *args], capture_output=True, text=True, cwd=PROM_DIR, timeout=120)
+
+
+def test_rules_pass_promtool():
+    r = promtool("check", "rules", str(RULES), str(ALERTS))
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# -- alerts ----------------------------------------------------------------------
+
+
+def test_alerts_read_known_series_and_keep_the_server():
+    recorded = {r["record"] for r in load_rules()}
+    known = known_metric_names()
+    alerts = load_alerts()
+    assert alerts and all("alert" in r and "record" not in r for r in alerts), "alerts.yml holds alerting rules only"
+    for r in alerts:
+        unknown = metric_names_in(r["expr"]) - known - recorded
+        assert not unknown, f"alert {r['alert']}: unknown series {sorted(unknown)}"
+        assert r["labels"]["severity"] in ("warning", "critical"), f"{r['alert']}: severity {r['labels']['severity']!r}"
+        assert {"summary", "description"} <= set(r["annotations"]), f"{r['alert']}: summary and description"
+        # an alert must say which server kind: every rule it reads keeps server and backend
+        assert "{{ $labels.server }}" in r["annotations"]["summary"], f"{r['alert']}: {r['annotations']['summary']!r}"
+
+
+def test_alerts_fire_on_bad_series_and_stay_silent_on_healthy_ones():
+    """promtool runs alerts_test.yml; each alert needs a case where it fires and one where it must not."""
+    r = promtool("test", "rules", ALERT_TESTS.name)
+    assert r.returncode == 0, r.stdout + r.stderr
+    spec = yaml.safe_load(ALERT_TESTS.read_text())
+    assert sorted(spec["rule_files"]) == sorted([RULES.name, ALERTS.name])
+    fires, silent = set(), set()
+    for group in spec["tests"]:
+        for case in group.get("alert_rule_test", []):
+            (fires if case["exp_alerts"] else silent).add(case["alertname"])
+    names = {a["alert"] for a in load_alerts()}
+    assert not names - fires, f"alerts never shown to fire: {sorted(names - fires)}"
+    assert not names - silent, f"alerts never shown to stay silent: {sorted(names - silent)}"
+    assert not (fires | silent) - names, f"tests of unknown alerts: {sorted((fires | silent) - names)}"
+
+
+def test_queue_alert_threshold_is_80_percent_of_the_servers_limit():
+    """The queue limit is no metric, so the alert's number must follow the servers' default, which every deployment runs."""
+    from rmscore.core.config import ServeConfig
+
+    contract = re.search(r"^\| `--max-queue-sequences` \| (\d+) \|", (ROOT / "docs" / "contract.md").read_text(), re.M)
+    assert contract and int(contract.group(1)) == ServeConfig.max_queue_sequences, "C++ and Python defaults differ"
+    (alert,) = [a for a in load_alerts() if a["alert"] == "RmscoreQueueNearLimit"]
+    threshold = int(re.fullmatch(r".*\(rmscore_queue_depth\) > (\d+)", alert["expr"].strip()).group(1))
+    assert threshold == int(0.8 * ServeConfig.max_queue_sequences), f"threshold {threshold}"
+    for f in [ROOT / "docker-compose.yml", *sorted((ROOT / "deploy").rglob("*.yaml"))]:
+        assert "--max-queue-sequences" not in f.read_text(), f"{f}: sets --max-queue-sequences; update the alert"
+
+
+def panel_units(panel: dict) -> dict[str, str]:
+    """refId -> the unit Grafana draws that query's series in (per-query overrides win over the default)."""
+    fc = panel.get("fieldConfig", {})
+    units = {t["refId"]: fc.get("defaults", {}).get("unit") for t in panel.get("targets", [])}
+    for o in fc.get("overrides", []):
+        if o["matcher"]["id"] == "byFrameRefID":
+            for prop in o["properties"]:
+                if prop["id"] == "unit":
+                    units[o["matcher"]["options"]] = prop["value"]
+    return units
+
+
+def test_panel_units_match_what_the_query_counts():
+    expected = {"rmscore_sequences_scored": "suffix: seq/s", "rmscore_sequences_dropped": "suffix: seq/s",
+                "rmscore_requests:": "reqps", "rmscore_batches:": "suffix: batch/s"}
+    seen = set()
+    for path in DASHBOARDS:
+        for p in iter_panels(json.loads(path.read_text())["panels"]):
+            units = panel_units(p)
+            for t in p.get("targets", []):
+                for what, unit in expected.items():
+                    if what in t["expr"] and ("code" not in t["expr"] or unit == "reqps"):
+                        seen.add(what)
+                        assert units[t["refId"]] == unit, f"{path.name} / {p['title']} / {t['refId']}: unit {units[t['refId']]!r}, want {unit!r}"
+    assert seen == set(expected), f"no panel shows {sorted(set(expected) - seen)}"
+
+
+def test_dashboards_show_drops_mean_latency_and_targets_of_any_job():
+    exprs = [e for *_, e in panel_queries()]
+    assert any("rmscore_sequences_dropped" in e for e in exprs), "rmscore_sequences_dropped_total is on no panel"
+    compare = [t["expr"] for p in iter_panels(json.loads((GRAFANA / "dashboards" / "rmscore-compare.json").read_text())["panels"])
+               for t in p.get("targets", [])]
+    assert "server_backend:rmscore_request_latency_seconds:mean_rate1m" in compare, "no mean latency on the comparison"
+    # scrape jobs are named differently by compose, annotation scraping and ServiceMonitors
+    bound = [e for e in exprs if re.search(r"\bjob\s*=", e)]
+    assert not bound, f"queries bound to a scrape job name: {bound}"
 
 
 # ---------------------------------------------------------------------------
@@ -164,7 +258,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def local_prometheus_config(committed: dict, targets: dict[str, str], self_address: str, rules_path: str) -> dict:
+def local_prometheus_config(committed: dict, targets: dict[str, str], self_address: str, rule_files: list[str]) -> dict:
     """The committed config with its compose targets replaced by local ones.
 
     `targets` maps a compose service name to a local host:port. Every job keeps
@@ -175,7 +269,8 @@ def local_prometheus_config(committed: dict, targets: dict[str, str], self_addre
     """
     cfg = copy.deepcopy(committed)
     cfg["global"].update(scrape_interval="1s", scrape_timeout="1s", evaluation_interval="1s")
-    cfg["rule_files"] = [rules_path]
+    assert len(cfg["rule_files"]) == len(rule_files), f"prometheus.yml loads {cfg['rule_files']}"
+    cfg["rule_files"] = rule_files
     covered = set()
     for job in cfg["scrape_configs"]:
         for sc in job.get("static_configs", []):
@@ -342,7 +437,7 @@ def stack():
         port = free_port()
         targets = {SERVICE_OF_KIND[s.kind]: f"127.0.0.1:{s.metrics_port}" for s in started}
         config = local_prometheus_config(yaml.safe_load(PROM_CONFIG.read_text()), targets,
-                                         f"127.0.0.1:{port}", str(RULES))
+                                         f"127.0.0.1:{port}", [str(RULES), str(ALERTS)])
         prom = Prometheus(config, work, port)
         prom.wait_ready()
         # load only once every server has been scraped, so rates see the increase
@@ -401,9 +496,13 @@ def test_every_recording_rule_evaluates(stack):
     prom = stack["prom"]
     groups = prom.api("rules")["groups"]
     loaded = [r for g in groups for r in g["rules"]]
-    assert len(loaded) == len(load_rules()), "rules.yml was not loaded whole"
+    assert len(loaded) == len(load_rules()) + len(load_alerts()), "rules.yml and alerts.yml were not loaded whole"
     bad = [f"{r['name']}: {r.get('lastError')}" for r in loaded if r["health"] != "ok"]
     assert not bad, bad
+    # the load's invalid requests are the callers' errors, not the server's: no error alert
+    # (latency alerts may be pending here: the load shares two cores with every server)
+    (errors,) = [r for r in loaded if r["name"] == "RmscoreErrorRatioHigh"]
+    assert errors["type"] == "alerting" and errors["state"] == "inactive", errors
     n = len(stack["servers"])
     for r in load_rules():
         q = r["record"] + label_selector(r)
