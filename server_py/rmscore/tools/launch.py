@@ -1,5 +1,5 @@
 """Starting server kinds as child processes and waiting on their health: shared by `rmscore up`,
-`rmscore bench`, `rmscore hardening`, scripts/bench_cpp.py and the tests, so all of them launch
+`rmscore bench` (with `--overhead`), `rmscore hardening` and the tests, so all of them launch
 servers exactly alike.
 
 `start(kind, port=0, **flags)` runs a kind on 127.0.0.1 with `--port-file`: the server writes its
