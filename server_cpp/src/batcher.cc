@@ -224,8 +224,9 @@ void Batcher::ScoredLocked(const Batch& b, const std::vector<float>& scores, dou
 
 // Precondition: mu_ held. Fails `job` with `why` unless it is finished already: it joins *answers and
 // its queued sequences leave the queue (counted as dropped when `drop_reason` is set). Its sequences in
-// a running batch stay there; their scores are ignored.
-void Batcher::FailLocked(const std::shared_ptr<Job>& job, const grpc::Status& why, const char* drop_reason,
+// a running batch stay there; their scores are ignored. `job` is taken by value: callers pass a queue
+// entry's pointer, and the entry is erased here.
+void Batcher::FailLocked(std::shared_ptr<Job> job, const grpc::Status& why, const char* drop_reason,
                          Answers* answers) {
   if (job->finished_) return;
   job->finished_ = true;

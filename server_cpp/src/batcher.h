@@ -114,8 +114,7 @@ class Batcher {
   std::optional<Batch> NextBatchLocked(std::unique_lock<std::mutex>& lk, Answers* answers);
   std::vector<Waiting> WaitingLocked() const;
   Batch TakeBatchLocked(const std::vector<uint64_t>& ids, int64_t now_us);
-  void FailLocked(const std::shared_ptr<Job>& job, const grpc::Status& why, const char* drop_reason,
-                  Answers* answers);
+  void FailLocked(std::shared_ptr<Job> job, const grpc::Status& why, const char* drop_reason, Answers* answers);
   void ScoredLocked(const Batch& b, const std::vector<float>& scores, double ms, Answers* answers);
   // Without mu_.
   void Run(const Batch& b);
