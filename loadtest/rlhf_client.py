@@ -3,7 +3,8 @@
 One user class per server kind; each user is one trainer rank. It builds a
 rollout of N sequences (long-tailed prompt+response lengths), scores the whole
 rollout through the rmscore client with every chunk in flight together, then
-waits its "policy update" time before the next rollout. Locust records
+waits its "policy update" time before the next rollout (or, with --rollout-period, starts a
+rollout every period: constant pacing, the offered load `rmscore up` sizes). Locust records
 
 * every RPC, as request type `grpc` / `http`, name `<kind> Score`
   (response_length = sequences in the chunk), and
@@ -84,10 +85,30 @@ def _add_arguments(parser) -> None:
                              "(default %(default)s)")
     parser.add_argument("--update-time", env_var="RMSCORE_UPDATE_TIME", default="1.0",
                         help="policy-update wait after each rollout, seconds: S or MIN-MAX (default %(default)s)")
+    parser.add_argument("--rollout-period", env_var="RMSCORE_ROLLOUT_PERIOD", default="",
+                        help="constant pacing instead of --update-time: seconds from one rollout's start to the "
+                             "next, S for every server or KIND=S,KIND=S per server kind (`rmscore up` sizes "
+                             "it from each server's capacity); a kind not named keeps --update-time")
     parser.add_argument("--rpc-timeout", type=float, env_var="RMSCORE_RPC_TIMEOUT", default=120.0,
                         help="per-RPC deadline in seconds (default %(default)s)")
     parser.add_argument("--rollout-seed", type=int, env_var="RMSCORE_ROLLOUT_SEED", default=0,
                         help="base seed of the rollout generator (default %(default)s)")
+
+
+def _periods(spec: str) -> dict[str, float]:
+    """--rollout-period as {kind or "*": seconds}."""
+    out = {}
+    for part in (p.strip() for p in str(spec or "").split(",") if p.strip()):
+        kind, _, value = part.rpartition("=")
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1.0
+        if seconds <= 0 or (kind and kind not in KINDS):
+            raise ValueError(f"--rollout-period: expected S or KIND=S with S > 0 and KIND one of "
+                             f"{', '.join(KINDS)}, got {part!r}")
+        out[kind or "*"] = seconds
+    return out
 
 
 def _update_range(spec: str) -> tuple[float, float]:
@@ -109,6 +130,7 @@ def _select_user_classes(environment, **_kwargs) -> None:
         return
     LengthMix.parse(opts.lengths)
     _update_range(opts.update_time)
+    _periods(opts.rollout_period)
     if opts.rollout_size < 1 or opts.chunk_size < 1:
         raise ValueError(f"--rollout-size and --chunk-size must be >= 1, got {opts.rollout_size}, {opts.chunk_size}")
     keep = [u for u in environment.user_classes if not _is_off(getattr(opts, getattr(u, "target_option", ""), ""))]
@@ -173,6 +195,9 @@ class RolloutUser(User):
         self.chunk_size = getattr(opts, "chunk_size", 8)
         self.mix = LengthMix.parse(getattr(opts, "lengths", "lognormal"))
         self.update = _update_range(getattr(opts, "update_time", "1.0"))
+        periods = _periods(getattr(opts, "rollout_period", ""))
+        self.period = periods.get(self.label, periods.get("*"))
+        self.last_rollout_s = 0.0
         timeout = getattr(opts, "rpc_timeout", 120.0)
         seed = getattr(opts, "rollout_seed", 0)
         self.rng = np.random.default_rng([seed, id(self) & 0xFFFFFFFF, os.getpid()])
@@ -190,6 +215,8 @@ class RolloutUser(User):
                 _GreenletLoop.run(lambda: client.close())
 
     def wait_time(self) -> float:
+        if self.period is not None:  # constant pacing: a slow rollout shortens the wait, never overlaps
+            return max(0.0, self.period - self.last_rollout_s)
         lo, hi = self.update
         return lo if hi == lo else random.uniform(lo, hi)
 
@@ -251,6 +278,7 @@ class RolloutUser(User):
         rollout = make_rollout(self.rng, self.rollout_size, self.mix)
         start = time.perf_counter()
         errors = self._score_grpc(rollout) if self.transport == "grpc" else self._score_async(rollout)
+        self.last_rollout_s = time.perf_counter() - start
         n_chunks = -(-len(rollout) // self.chunk_size)
         failure = None
         if errors:

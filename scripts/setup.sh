@@ -12,7 +12,8 @@ SECONDS=0
 APT_PACKAGES=(g++ cmake ninja-build pkg-config make git curl ca-certificates unzip
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler prometheus-cpp-dev
   nlohmann-json3-dev libabsl-dev libgtest-dev prometheus python3 python3-venv python3-dev
-  clang libclang-rt-dev)  # clang + libFuzzer: the C++ fuzz target (docs/fuzzing.md)
+  clang libclang-rt-dev  # clang + libFuzzer: the C++ fuzz target (docs/fuzzing.md)
+  chromium)  # headless: the `rmscore up` test renders its report page (tests/integration/test_up.py)
 
 # pip, without the warnings this machine's pip.conf prints for every absent local index.
 pip_quiet() {

@@ -1,18 +1,35 @@
-"""`rmscore up`: the whole local stack without containers.
+"""`rmscore up`: which runtime is fastest here, measured, then the whole local stack to look at.
 
-Every server kind on the default model, Prometheus (Debian's binary, the
-project's own config with targets pointed here) scraping all of them, and the
-Locust RLHF clients headless against all servers at once for a bounded time;
-then a side-by-side table. Ctrl-C or SIGTERM stops everything it started, by PID.
+Every server kind on the default model (through `rmscore.tools.launch`, the one launcher), and
+Prometheus (Debian's binary, the project's config with targets pointed here) scraping all of them.
 
-The servers start through `rmscore.tools.launch.start`, like the tests' and the benchmark's, on
-127.0.0.1 only, plaintext and without auth tokens (Locust and Prometheus here speak plain
-loopback); TLS and tokens are for a real deployment (docs/contract.md, docs/deploy.md).
+1. Each server alone (up_alone.py): a short closed-loop ramp finds its capacity, then repeated
+   short windows at the concurrency that carries it give throughput, p50 and p99 with 95%
+   intervals; the ranking shows each as a ratio to the fastest. The servers are started once,
+   all together (phase 2 needs them all, and starting torch.compile twice would cost minutes),
+   and measured one at a time while the others stay idle: an idle server only waits on a
+   condition variable, and the run checks that instead of assuming it, by reading the other
+   servers' CPU time (/proc) over each server's measurement (shown beside the ranking).
+2. All at once: the Locust RLHF users (loadtest/rlhf_client.py), one trainer rank per server,
+   each offered `utilization` x its measured capacity / servers (up_sizing.contended_offers),
+   so queues stay bounded and latencies mean something; each server's share of what was scored,
+   and the rollout makespan a trainer rank waits for.
+3. The page (up_report.py): plots, the dashboards' own PromQL run against this run's Prometheus,
+   the settings; written to runs/up-<time>/index.html.
+
+Sizes follow the machine: intra-op threads are the cores split over the servers, the ramp stops
+where a server saturates, windows hold enough answers at that server's rate, and phase 2's load
+follows the capacities. `--keep-running` leaves servers, Prometheus and a Locust web UI up.
+Ctrl-C or SIGTERM stops everything it started, by PID. A server that fails to start or its
+self-check is reported by name with the end of its log, and the others still run. Servers listen
+on 127.0.0.1 only, plaintext and without tokens (TLS and tokens are for a deployment:
+docs/contract.md, docs/deploy.md); a kind's usual port that is taken is replaced by a free one.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import shutil
 import signal
@@ -27,12 +44,14 @@ import yaml
 
 from rmscore.tools import launch
 from rmscore.tools.kinds import ALL_KINDS, KINDS
+from rmscore_loadtest import observe, up_alone, up_report, up_sizing
+from rmscore_loadtest.stats import percentiles
 
 ROOT = launch.ROOT
 
-
-# Rollouts in flight when the run time ends finish (up to this long) instead of counting as failures.
-STOP_TIMEOUT_S = 60
+# Rollouts in flight when phase 2 ends finish (up to this long) instead of counting as failures.
+STOP_TIMEOUT_S = 30
+SCRAPE_S = 2
 
 
 class StackError(RuntimeError):
@@ -53,7 +72,8 @@ class Stack:
 
     def spawn(self, name: str, cmd: list[str]) -> Proc:
         log = self.run_dir / f"{name}.log"
-        p = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=ROOT)
+        with open(log, "w") as out:
+            p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
         proc = Proc(name, p, log)
         self.procs.append(proc)
         return proc
@@ -72,8 +92,8 @@ class Stack:
                 p.popen.wait()
 
 
-def prometheus_port(preferred: int = 9090) -> int:
-    """9090 when free; else a free port (Debian's own prometheus.service may hold 9090)."""
+def free_port(preferred: int) -> int:
+    """`preferred` when free, else an ephemeral free port."""
     for port in (preferred, 0):
         with socket.socket() as s:
             try:
@@ -81,28 +101,32 @@ def prometheus_port(preferred: int = 9090) -> int:
             except OSError:
                 continue
             return s.getsockname()[1]
-    raise StackError("no free port for Prometheus")
+    raise StackError(f"no free port on 127.0.0.1 (asked for {preferred})")
 
 
-def wait_prometheus(proc: "Proc", port: int, timeout_s: float = 60) -> None:
-    """Poll /-/ready, so the table never claims a Prometheus that did not start."""
+def prometheus_port(preferred: int = 9090) -> int:
+    """9090 when free; else a free port (Debian's own prometheus.service may hold 9090)."""
+    return free_port(preferred)
+
+
+def wait_http(proc: Proc, url: str, what: str, timeout_s: float = 60) -> None:
+    """Poll `url` until 200, so nothing claims a Prometheus or Locust UI that did not start."""
     end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if proc.popen.poll() is not None:
-            break
+    while time.monotonic() < end and proc.popen.poll() is None:
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/-/ready", timeout=2).status_code == 200:
+            if httpx.get(url, timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
     tail = proc.log.read_text(errors="replace")[-2000:] if proc.log.exists() else ""
-    raise StackError(f"Prometheus did not become ready on 127.0.0.1:{port}:\n{tail}")
+    raise StackError(f"{what} did not become ready at {url} (exit {proc.popen.poll()}):\n{tail}")
 
 
-def prometheus_config(kinds: list[str], run_dir: pathlib.Path, scrape_seconds: int = 2,
+def prometheus_config(servers: dict, run_dir: pathlib.Path, scrape_seconds: int = SCRAPE_S,
                       port: int = 9090) -> pathlib.Path:
-    """The compose stack's Prometheus config with its DNS discovery replaced by local targets."""
+    """The compose stack's Prometheus config with its DNS discovery replaced by local targets;
+    `servers` maps kind to its metrics port. Each target is labelled service=<kind>."""
     cfg = yaml.safe_load((ROOT / "docker/prometheus/prometheus.yml").read_text())
     cfg["global"]["scrape_interval"] = f"{scrape_seconds}s"
     cfg["global"]["scrape_timeout"] = f"{scrape_seconds}s"
@@ -112,8 +136,8 @@ def prometheus_config(kinds: list[str], run_dir: pathlib.Path, scrape_seconds: i
         if job["job_name"] == "rmscore":
             job.pop("dns_sd_configs", None)
             job.pop("relabel_configs", None)
-            job["static_configs"] = [{"targets": [f"127.0.0.1:{KINDS[k].metrics_port}"], "labels": {"service": k}}
-                                     for k in kinds]
+            job["static_configs"] = [{"targets": [f"127.0.0.1:{mport}"], "labels": {"service": k}}
+                                     for k, mport in servers.items()]
         elif job["job_name"] == "prometheus":
             job["static_configs"] = [{"targets": [f"127.0.0.1:{port}"]}]
     path = run_dir / "prometheus.yml"
@@ -121,125 +145,325 @@ def prometheus_config(kinds: list[str], run_dir: pathlib.Path, scrape_seconds: i
     return path
 
 
-def start_servers(stack: Stack, kinds: list[str], model: str, ready_timeout_s: float) -> None:
-    started = []
+class Progress:
+    """Which phase, which server, and an estimate of the time left, on every line."""
+
+    def __init__(self, plan_s: float):
+        self.t0, self.wall_start = time.monotonic(), time.time()
+        self.plan_end = self.t0 + plan_s
+        self.where = "start"
+
+    def replan(self, left_s: float) -> None:
+        self.plan_end = time.monotonic() + left_s
+
+    def __call__(self, msg: str) -> None:
+        left = max(0, self.plan_end - time.monotonic())
+        print(f"[up {time.monotonic() - self.t0:4.0f}s | {self.where} | ~{left:.0f}s left] {msg}", flush=True)
+
+
+def wait_serving(server, deadline: float, say) -> None:
+    """Until SERVING (warm-up and the golden self-check done), saying so every 10 s: a
+    torch.compile warm-up takes minutes on 2 cores, and a silent wait looks hung."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            server.wait_until_ready(min(deadline, time.monotonic() + 10))
+            return
+        except RuntimeError:
+            if server.proc.poll() is not None or time.monotonic() >= deadline:
+                raise
+            say(f"{server.kind}: warming up and self-checking, {time.monotonic() - t0:.0f} s so far")
+
+
+def start_servers(stack: Stack, kinds: list[str], model: str, threads: int, ready_timeout_s: float,
+                  say) -> tuple[dict, dict]:
+    """Start every kind at once (they warm up together); ({kind: RunningServer}, {kind: why it failed})."""
+    pending, failed = {}, {}
     for kind in kinds:
-        port = KINDS[kind].port
-        flags = {"model": model, "intra_op_threads": 1, "inter_op_threads": 1}
-        if KINDS[kind].transport == "grpc":
-            flags["metrics_port"] = KINDS[kind].metrics_port
-        print(f"[up] starting {kind} on 127.0.0.1:{port}", flush=True)
+        k = KINDS[kind]
+        port = free_port(k.port)
+        flags = {"model": model, "intra_op_threads": threads, "inter_op_threads": 1}
+        if k.transport == "grpc":
+            flags["metrics_port"] = free_port(k.metrics_port)
+        if port != k.port:
+            say(f"{kind}: port {k.port} is taken, using {port}")
         try:
             server = launch.start(kind, port, wait_ready=False, ready_timeout_s=ready_timeout_s,
                                   log_dir=stack.run_dir / kind, **flags)
         except RuntimeError as e:
-            raise StackError(f"{kind} failed to start (log {stack.run_dir / kind}):\n{e}") from None
-        stack.procs.append(Proc(kind, server.proc, server.log_path))
-        started.append(server)
-    # All of them warm up at once: the slowest (torch.compile) sets the wait.
-    deadline = time.monotonic() + ready_timeout_s
-    for server in started:
-        try:
-            server.wait_until_ready(deadline)
-        except RuntimeError as e:
-            raise StackError(f"{server.kind} failed to start (log {server.log_path}):\n{e}") from None
-        print(f"[up] {server.kind}: SERVING", flush=True)
-
-
-def run_locust(stack: Stack, kinds: list[str], users_per_server: int, seconds: int) -> list[dict]:
-    out = stack.run_dir / "locust.json"
-    cmd = [str(pathlib.Path(sys.executable).with_name("locust")), "-f", str(ROOT / "loadtest/rlhf_client.py"),
-           "--headless", "-u", str(users_per_server * len(kinds)), "-r", str(users_per_server * len(kinds)),
-           "-t", f"{seconds}s", "--stop-timeout", str(STOP_TIMEOUT_S), "--json-file", str(out.with_suffix("")), "--only-summary",
-           "--csv", str(stack.run_dir / "locust")]
-    for kind in ALL_KINDS:
-        k = KINDS[kind]
-        cmd += ["--" + k.locust_option.replace("_", "-"), k.default_target if kind in kinds else "off"]
-    print(f"[up] Locust: {users_per_server} trainer rank(s) per server for {seconds} s ...", flush=True)
-    proc = stack.spawn("locust", cmd)
-    try:
-        proc.popen.wait(seconds + STOP_TIMEOUT_S + 60)
-    except subprocess.TimeoutExpired:
-        proc.popen.terminate()  # Locust stops at -t by itself; one that does not is hung
-        raise StackError(f"Locust did not finish within {seconds + STOP_TIMEOUT_S + 60} s (log {proc.log}):\n"
-                         f"{proc.log.read_text()[-3000:]}") from None
-    if not out.exists():
-        raise StackError(f"Locust wrote no results (log {proc.log}):\n{proc.log.read_text()[-3000:]}")
-    return json.loads(out.read_text())
-
-
-def _percentile(hist: dict, q: float) -> float:
-    """Locust stores response times as {rounded_ms: count}."""
-    items = sorted((float(k), v) for k, v in hist.items())
-    total = sum(v for _, v in items)
-    seen = 0
-    for ms, v in items:
-        seen += v
-        if seen >= q * total:
-            return ms
-    return float("nan")
-
-
-def table(stats: list[dict], kinds: list[str], seconds: float) -> str:
-    """Throughput counts the sequences of successful RPCs over the whole run."""
-    rows = ["| server | RPCs | sequences/s | RPC p50 ms | RPC p99 ms | rollout p50 ms | errors |",
-            "|---|---|---|---|---|---|---|"]
-    for kind in kinds:
-        rpc = next((s for s in stats if s["name"] == f"{kind} Score"), None)
-        roll = next((s for s in stats if s["name"] == f"{kind} rollout"), None)
-        if rpc is None:
-            rows.append(f"| {kind} | 0 | - | - | - | - | - |")
+            failed[kind] = f"did not start (log {stack.run_dir / kind / 'server.log'}):\n{e}"
+            say(f"{kind} FAILED: {failed[kind]}")
             continue
-        ok = rpc["num_requests"] - rpc["num_failures"]
-        per_rpc = rpc["total_content_length"] / max(1, rpc["num_requests"])
-        rows.append(f"| {kind} | {rpc['num_requests']} | {ok * per_rpc / seconds:.1f} | "
-                    f"{_percentile(rpc['response_times'], 0.5):.0f} | {_percentile(rpc['response_times'], 0.99):.0f} | "
-                    f"{_percentile(roll['response_times'], 0.5) if roll else float('nan'):.0f} | "
-                    f"{rpc['num_failures']} |")
-    return "\n".join(rows)
+        stack.procs.append(Proc(kind, server.proc, server.log_path))
+        pending[kind] = server
+        say(f"{kind}: starting on 127.0.0.1:{server.port}")
+    deadline = time.monotonic() + ready_timeout_s
+    ready = {}
+    for kind, server in pending.items():
+        try:
+            wait_serving(server, deadline, say)  # the self-check against the golden scores runs before SERVING
+        except RuntimeError as e:
+            failed[kind] = f"not SERVING (log {server.log_path}):\n{e}"
+            say(f"{kind} FAILED: {failed[kind]}")
+            server.stop(5)
+            continue
+        ready[kind] = server
+        say(f"{kind}: SERVING")
+    return ready, failed
+
+
+def start_prometheus(stack: Stack, servers: dict, say) -> str | None:
+    """Prometheus scraping every started server; its base URL, or None where it is not installed."""
+    prom = shutil.which("prometheus")
+    if not prom:
+        say("prometheus not installed (scripts/setup.sh installs it): no metrics, no dashboard panels")
+        return None
+    port = prometheus_port()
+    cfg = prometheus_config({k: s.metrics_port for k, s in servers.items()}, stack.run_dir, port=port)
+    proc = stack.spawn("prometheus", [prom, f"--config.file={cfg}", f"--storage.tsdb.path={stack.run_dir / 'tsdb'}",
+                                      f"--web.listen-address=127.0.0.1:{port}"])
+    base = f"http://127.0.0.1:{port}"
+    wait_http(proc, f"{base}/-/ready", "Prometheus")
+    say(f"Prometheus on {base}, scraping every {SCRAPE_S} s")
+    return base
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of `pid` and its descendants (0 for one gone meanwhile)."""
+    total = 0.0
+    for p in [pid, *observe.descendants(pid)]:
+        try:
+            fields = pathlib.Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def alone_settings(args) -> dict:
+    return {"warmup_s": args.warmup_seconds, "max_concurrency": args.max_concurrency,
+            "ramp_window_s": args.ramp_window_seconds, "window_s": args.window_seconds, "windows": args.windows}
+
+
+def phase_alone(servers: dict, args, progress: Progress, failed: dict) -> dict:
+    """Each server measured alone, in turn; a server that fails here is reported and skipped."""
+    results = {}
+    per_kind_s = None
+    for i, (kind, server) in enumerate(servers.items(), 1):
+        progress.where = f"1/3 alone {i}/{len(servers)} {kind}"
+        t = time.monotonic()
+        others = {k: s.proc.pid for k, s in servers.items() if k != kind}
+        before = {k: cpu_seconds(p) for k, p in others.items()}
+        try:
+            m = up_alone.measure(server.transport, server.target if server.transport == "grpc" else server.base_url,
+                                 alone_settings(args), progress)
+        except Exception as e:  # noqa: BLE001 - one server's failure must not stop the others' measurement
+            tail = server.log()[-1500:]
+            failed[kind] = f"failed while measured alone: {e!r}\n{tail}"
+            progress(f"FAILED: {e!r}; end of its log:\n{tail}")
+            continue
+        took = time.monotonic() - t
+        m["others_cpu_share"] = sum(cpu_seconds(p) - before[k] for k, p in others.items()) / took
+        results[kind] = m
+        progress(f"{m['throughput']['mean']:.1f} seq/s at C={m['concurrency']}, p50 {m['p50_ms']['mean']:.0f} ms, "
+                 f"p99 {m['p99_ms']['mean']:.0f} ms; idle servers used {m['others_cpu_share']:.0%} of a core")
+        per_kind_s = took if per_kind_s is None else (per_kind_s + took) / 2
+        progress.replan(per_kind_s * (len(servers) - i) + args.duration_seconds + STOP_TIMEOUT_S / 2 + 20)
+    return results
+
+
+def locust_command(servers: dict, offers: dict, extra: list[str]) -> list[str]:
+    """Locust on rlhf_client.py: one user per offered server, one-sequence RPCs, each kind paced
+    at its sized rollout period; kinds not offered are off."""
+    size = next(iter(offers.values())).rollout_size
+    cmd = [str(pathlib.Path(sys.executable).with_name("locust")), "-f", str(ROOT / "loadtest/rlhf_client.py"),
+           "-u", str(len(offers)), "-r", str(len(offers)), "--rollout-size", str(size), "--chunk-size", "1",
+           "--rollout-period", ",".join(f"{k}={o.period_s:.3f}" for k, o in offers.items())]
+    for kind in ALL_KINDS:
+        k, s = KINDS[kind], servers.get(kind)
+        target = "off" if kind not in offers else (s.target if s.transport == "grpc" else s.base_url)
+        cmd += ["--" + k.locust_option.replace("_", "-"), target]
+    return cmd + extra
+
+
+def run_locust(stack: Stack, servers: dict, offers: dict, seconds: int, progress: Progress) -> list[dict]:
+    out = stack.run_dir / "locust"
+    cmd = locust_command(servers, offers, ["--headless", "-t", f"{seconds}s", "--stop-timeout", str(STOP_TIMEOUT_S),
+                                           "--json-file", str(out), "--csv", str(out), "--only-summary"])
+    proc = stack.spawn("locust", cmd)
+    start, limit = time.monotonic(), seconds + STOP_TIMEOUT_S + 60
+    while proc.popen.poll() is None:
+        elapsed = time.monotonic() - start
+        if elapsed > limit:
+            proc.popen.terminate()  # Locust stops at -t by itself; one that does not is hung
+            raise StackError(f"Locust did not finish within {limit} s (log {proc.log}):\n{proc.log.read_text()[-3000:]}")
+        progress(f"Locust RLHF users on {len(offers)} servers: {min(elapsed, seconds):.0f}/{seconds} s")
+        time.sleep(min(10.0, max(1.0, seconds / 6)))
+    if not out.with_suffix(".json").exists():
+        raise StackError(f"Locust wrote no results (exit {proc.popen.returncode}, log {proc.log}):\n"
+                         f"{proc.log.read_text()[-3000:]}")
+    return json.loads(out.with_suffix(".json").read_text())
+
+
+def _ms_percentile(hist: dict, q: float) -> float:
+    """Locust stores response times as {rounded_ms: count}."""
+    return percentiles([float(ms) for ms, n in hist.items() for _ in range(n)], (q,))[f"p{q:g}"]
+
+
+def contended_rows(stats: list[dict], offers: dict, seconds: float) -> list[dict]:
+    """Per server from Locust's JSON: offered and scored sequences/s, its share of everything
+    scored, and the rollout makespan (first send to last score of a rollout)."""
+    by_name = {s["name"]: s for s in stats}
+    rows = []
+    for kind, o in offers.items():
+        rpc, roll = by_name.get(f"{kind} Score"), by_name.get(f"{kind} rollout")
+        ok_rollouts = (roll["num_requests"] - roll["num_failures"]) if roll else 0
+        scored = (ok_rollouts * o.rollout_size) / seconds
+        rows.append({"kind": kind, "offered_seq_s": o.rate_seq_s, "scored_seq_s": scored, "rollouts": ok_rollouts,
+                     "makespan_p50_s": _ms_percentile(roll["response_times"], 50) / 1e3 if roll else float("nan"),
+                     "makespan_p99_s": _ms_percentile(roll["response_times"], 99) / 1e3 if roll else float("nan"),
+                     "rpc_p99_ms": _ms_percentile(rpc["response_times"], 99) if rpc else float("nan"),
+                     "errors": (rpc["num_failures"] if rpc else 0) + (roll["num_failures"] if roll else 0)})
+    total = sum(r["scored_seq_s"] for r in rows) or float("nan")
+    for r in rows:
+        r["share"] = r["scored_seq_s"] / total
+    return rows
+
+
+def settings_of(args, threads: int, kinds: list[str]) -> dict:
+    from rmscore.core.config import ServeConfig
+    from rmscore_loadtest.bench.runner import machine_info
+
+    d, m = ServeConfig(model=pathlib.Path(args.model)), machine_info()
+    return {"cores": os.cpu_count(), "cpu": m["cpu"], "platform": m["platform"], "commit": m["commit"][:12],
+            "kinds": ", ".join(kinds), "model": args.model, "intra-op threads per server": threads,
+            "inter-op threads": 1, "batching": d.batching, "max batch size": d.max_batch_size,
+            "max batch tokens": d.max_batch_tokens, "max queue delay ms": d.max_queue_delay_ms,
+            "max queue sequences": d.max_queue_sequences,
+            "workload": f"one sequence per request, {up_alone.WORKLOAD.mix.describe()}",
+            "alone: ramp window s": args.ramp_window_seconds, "alone: max concurrency": args.max_concurrency,
+            "alone: windows": args.windows, "alone: window s": args.window_seconds or "sized per server",
+            "all at once: seconds": args.duration_seconds, "all at once: utilization": args.utilization,
+            "Prometheus scrape s": SCRAPE_S}
+
+
+def phase_contended(stack: Stack, servers: dict, alone: dict, args, progress: Progress) -> dict:
+    """Phase 2: Locust against every measured server at once, sized from phase 1."""
+    progress.where = "2/3 all at once"
+    offers = up_sizing.contended_offers({k: alone[k]["throughput"]["mean"] for k in alone}, args.duration_seconds,
+                                        args.utilization)
+    for o in offers.values():
+        progress(f"{o.kind}: offered {o.rate_seq_s:.1f} seq/s ({o.utilization:.0%} of its capacity alone), "
+                 f"a rollout of {o.rollout_size} every {o.period_s:.1f} s")
+    start = time.time()
+    stats = run_locust(stack, servers, offers, args.duration_seconds, progress)
+    end = start + args.duration_seconds
+    rows = contended_rows(stats, offers, args.duration_seconds)
+    return {"offers": {k: vars(o) for k, o in offers.items()}, "rows": rows, "start": start, "end": end,
+            "md": up_report.contended_markdown(rows)}
+
+
+def write_report(run_dir: pathlib.Path, r: dict, alone: dict, prom: str | None, progress: Progress) -> pathlib.Path:
+    """Plots, Prometheus read back (query_range and the dashboards' panels), result.json, index.html."""
+    progress.where = "3/3 report"
+    c = r.get("contended")
+    series = None
+    if prom and c:
+        series = up_report.contended_series(prom, c["start"], c["end"], SCRAPE_S)
+        r["panels"] = up_report.panel_values(prom, ROOT, c["end"])
+    images = up_report.plots(r["ranking"], alone, series, run_dir)
+    (run_dir / "result.json").write_text(json.dumps(
+        {**r, "alone": {k: {x: v for x, v in m.items() if x != "latencies_ms"} for k, m in alone.items()}},
+        indent=1, default=str))
+    (run_dir / "summary.md").write_text(r["ranking_md"] + "\n\n" + r.get("contended_md", "") + "\n")
+    page = run_dir / "index.html"
+    page.write_text(up_report.html(r, images))
+    return page
+
+
+def measure_and_report(stack: Stack, args, kinds: list[str], progress: Progress) -> tuple[dict, str | None, dict]:
+    threads = up_sizing.threads_per_server(os.cpu_count() or 1, len(kinds))
+    progress.where = "0/3 start"
+    servers, failed = start_servers(stack, kinds, args.model, threads, args.ready_timeout_seconds, progress)
+    if not servers:
+        raise StackError("no server started: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))
+    prom = start_prometheus(stack, servers, progress)
+    alone = phase_alone(servers, args, progress, failed)
+    if not alone:
+        raise StackError("no server could be measured: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))
+    rows = up_report.ranking(alone)
+    idle = max(m["others_cpu_share"] for m in alone.values())
+    r = {"started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(progress.wall_start)),
+         "settings": settings_of(args, threads, kinds), "ranking": rows, "failed": failed,
+         "ranking_md": up_report.ranking_markdown(rows, failed),
+         "alone_note": f"Each server alone in turn while the others stayed up and idle (they used at most "
+                       f"{idle:.0%} of a core during another's measurement). C: the closed-loop concurrency each "
+                       f"was measured at, the smallest that reached 90% of its ramp's best. Intervals: 95%, "
+                       f"Student's t over {args.windows} windows; machine shared, so read them as this run's."}
+    print("\n" + r["ranking_md"] + "\n", flush=True)
+    c = phase_contended(stack, servers, alone, args, progress)
+    r.update(contended=c, contended_md=c["md"],
+             contended_note=f"One trainer rank per server, one-sequence RPCs, rollouts of "
+                            f"{next(iter(c['offers'].values()))['rollout_size']} sequences paced at "
+                            f"{args.utilization:.0%} of each server's capacity share; makespan: the wait for one "
+                            f"whole rollout's scores.")
+    print("\n" + c["md"] + "\n", flush=True)
+    r["wall_s"] = time.monotonic() - progress.t0
+    page = write_report(stack.run_dir, r, alone, prom, progress)
+    return servers, prom, {"page": page, "offers": c["offers"]}
+
+
+def keep_running(stack: Stack, servers: dict, prom: str | None, offers: dict, page: pathlib.Path) -> None:
+    """Servers, Prometheus and a Locust web UI (preset with phase 2's sized load) until Ctrl-C."""
+    port = free_port(8089)
+    sized = {k: up_sizing.Offer(**o) for k, o in offers.items()}
+    ui = stack.spawn("locust-ui", locust_command(servers, sized, ["--web-host", "127.0.0.1", "--web-port", str(port)]))
+    wait_http(ui, f"http://127.0.0.1:{port}/", "the Locust web UI")
+    print("[up] --keep-running: everything stays up until Ctrl-C", flush=True)
+    for kind, s in servers.items():
+        print(f"[up]   {kind}: {s.target if s.transport == 'grpc' else s.base_url} "
+              f"(metrics http://127.0.0.1:{s.metrics_port}/metrics)")
+    if prom:
+        print(f"[up]   Prometheus: {prom}")
+    print(f"[up]   Locust web UI: http://127.0.0.1:{port}\n[up]   report: {page}", flush=True)
+    while all(p.popen.poll() is None for p in stack.procs if p.name != "locust"):
+        time.sleep(1)
+    gone = [p.name for p in stack.procs if p.name != "locust" and p.popen.poll() is not None]
+    raise StackError(f"{', '.join(gone)} exited; stopping the rest")
+
+
+def parse_kinds(spec: str) -> list[str]:
+    kinds = [k for k in spec.split(",") if k]
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds:
+        raise StackError(f"--kinds {spec!r}: unknown {unknown}; choose from {', '.join(ALL_KINDS)}")
+    if "cpp-grpc" in kinds and not launch.CPP_BINARY.exists():
+        raise StackError(f"{launch.CPP_BINARY} is missing; run scripts/setup.sh")
+    return kinds
 
 
 def up(args) -> int:
-    kinds = [k for k in args.kinds.split(",") if k]
-    unknown = [k for k in kinds if k not in KINDS]
-    if unknown:
-        print(f"rmscore up: error: --kinds: unknown {unknown}; choose from {list(ALL_KINDS)}")
+    try:
+        kinds = parse_kinds(args.kinds)
+    except StackError as e:
+        print(f"rmscore up: error: {e}")
         return 2
-    if "cpp-grpc" in kinds and not launch.CPP_BINARY.exists():
-        print(f"rmscore up: error: {launch.CPP_BINARY} is missing; run scripts/setup.sh")
-        return 2
-    run_dir = ROOT / "runs" / time.strftime("up-%Y%m%d-%H%M%S")
-    run_dir.mkdir(parents=True)
+    run_dir = pathlib.Path(args.out) if args.out else ROOT / "runs" / time.strftime("up-%Y%m%d-%H%M%S")
+    run_dir.mkdir(parents=True, exist_ok=True)
     stack = Stack(run_dir)
-    stop = {"flag": False}
 
     def on_signal(signum, frame):
-        stop["flag"] = True
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)
+    # A first guess of the wall time; replanned from the first server's measurement on.
+    progress = Progress(90 + 30 * len(kinds) + args.duration_seconds + STOP_TIMEOUT_S / 2 + 20)
     try:
-        start_servers(stack, kinds, args.model, args.ready_timeout_seconds)
-        prom = shutil.which("prometheus")
-        if prom:
-            port = prometheus_port()
-            proc = stack.spawn("prometheus", [prom, f"--config.file={prometheus_config(kinds, run_dir, port=port)}",
-                                              f"--storage.tsdb.path={run_dir / 'tsdb'}",
-                                              f"--web.listen-address=127.0.0.1:{port}"])
-            wait_prometheus(proc, port)
-            print(f"[up] Prometheus on http://127.0.0.1:{port} scraping every server", flush=True)
-        else:
-            print("[up] prometheus not installed (scripts/setup.sh installs it): metrics not collected")
-        stats = run_locust(stack, kinds, args.users_per_server, args.duration_seconds)
-        report = table(stats, kinds, args.duration_seconds)
-        (run_dir / "summary.md").write_text(report + "\n")
-        print("\n" + report + "\n", flush=True)
-        print(f"[up] logs, Locust CSV/JSON and this table: {run_dir}")
-        print("[up] endpoints: " + ", ".join(f"{k}=127.0.0.1:{KINDS[k].port}" for k in kinds))
+        servers, prom, out = measure_and_report(stack, args, kinds, progress)
+        print(f"[up] report: {out['page']}\n[up] logs, Locust CSV/JSON, result.json, plots: {run_dir}", flush=True)
+        print(f"[up] wall time {time.monotonic() - progress.t0:.0f} s", flush=True)
         if args.keep_running:
-            print("[up] --keep-running: Ctrl-C to stop everything", flush=True)
-            while all(p.popen.poll() is None for p in stack.procs if p.name != "locust"):
-                time.sleep(1)
+            keep_running(stack, servers, prom, out["offers"], out["page"])
         return 0
     except StackError as e:
         print(f"[up] FAILED: {e}", flush=True)
@@ -253,15 +477,29 @@ def up(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    p = sub.add_parser("up", help="run the whole local stack: every server, Prometheus, Locust, a summary table",
-                       description="Every server kind, Prometheus and Locust on 127.0.0.1, for a bounded run, then "
-                                   "a summary table. The servers run on loopback without TLS and without auth "
-                                   "tokens (--tls-cert-file/--auth-token-file are for a deployment, not this stack).")
+    p = sub.add_parser("up", help="which server kind is fastest here: each alone, then all at once, a report page",
+                       description="Every server kind and Prometheus on 127.0.0.1: each server measured alone "
+                                   "(capacity ramp, then repeated windows with 95%% intervals: the ranking), then "
+                                   "the Locust RLHF users against all at once at a load sized from that, then "
+                                   "plots and one HTML page. Servers run without TLS or tokens (those are for a "
+                                   "deployment, not this stack).")
     p.add_argument("--kinds", default=",".join(ALL_KINDS), help="server kinds to start (default: all)")
     p.add_argument("--model", default="models/default")
-    p.add_argument("--duration-seconds", type=int, default=60, help="Locust run time (default: %(default)s)")
-    p.add_argument("--users-per-server", type=int, default=2, help="trainer ranks per server (default: %(default)s)")
+    p.add_argument("--out", default="", help="run directory (default: runs/up-<time>)")
+    p.add_argument("--warmup-seconds", type=float, default=2.0, help="per server, before its ramp (default: %(default)s)")
+    p.add_argument("--ramp-window-seconds", type=float, default=1.5,
+                   help="one window per ramp level (default: %(default)s)")
+    p.add_argument("--max-concurrency", type=int, default=64,
+                   help="the ramp's last level; it stops earlier once a server saturates (default: %(default)s)")
+    p.add_argument("--windows", type=int, default=5, help="measurement windows per server (default: %(default)s)")
+    p.add_argument("--window-seconds", type=float, default=0,
+                   help="seconds per window; 0 sizes it from the server's capacity (default: %(default)s)")
+    p.add_argument("--duration-seconds", type=int, default=60,
+                   help="phase 2 (all at once) run time; 60 s fills the dashboards' 1-minute rates (default: %(default)s)")
+    p.add_argument("--utilization", type=float, default=0.5,
+                   help="phase 2 offers each server this fraction of its capacity share (default: %(default)s)")
     p.add_argument("--ready-timeout-seconds", type=float, default=900,
                    help="time allowed for warm-up, torch.compile included (default: %(default)s)")
-    p.add_argument("--keep-running", action="store_true", help="leave the stack up after the table, until Ctrl-C")
+    p.add_argument("--keep-running", action="store_true",
+                   help="leave servers, Prometheus and a Locust web UI up after the report, until Ctrl-C")
     p.set_defaults(func=up)

@@ -1,0 +1,78 @@
+"""`rmscore up`'s load sizing: phase 2 must offer loads that keep every queue bounded, and the
+phase-1 ramp must stop where a server saturates, not before."""
+
+import math
+
+import pytest
+
+from rmscore_loadtest import up_sizing
+
+CAPACITIES = {"cpp-grpc": 44.0, "py-grpc-onnxruntime": 30.0, "py-grpc-eager": 12.0, "py-grpc-compile": 15.0,
+              "py-http-onnxruntime": 20.0}
+
+
+@pytest.mark.parametrize("utilization", [0.3, 0.5, 0.8])
+@pytest.mark.parametrize("duration_s", [15, 60, 300])
+def test_offers_keep_the_shared_machine_below_saturation(utilization, duration_s):
+    offers = up_sizing.contended_offers(CAPACITIES, duration_s, utilization)
+    assert set(offers) == set(CAPACITIES)
+    # Together the servers share one machine: the offered fractions of each one's capacity add
+    # up to the utilization asked for, below 1, so no queue grows without bound.
+    assert math.isclose(sum(o.utilization for o in offers.values()), utilization)
+    n = len(CAPACITIES)
+    sizes = {o.rollout_size for o in offers.values()}
+    assert len(sizes) == 1, f"one rollout size for comparable makespans, got {sizes}"
+    for o in offers.values():
+        # A rollout scored at the server's share of the machine (capacity / n) takes
+        # utilization x period: it is done before the next one starts, so at most one rollout
+        # per trainer rank is ever queued.
+        makespan_at_share = o.rollout_size / (o.capacity_seq_s / n)
+        assert makespan_at_share <= utilization * o.period_s * (1 + 1e-9), o
+        assert math.isclose(o.rate_seq_s, o.rollout_size / o.period_s)
+    slowest = min(offers.values(), key=lambda o: o.rate_seq_s)
+    if slowest.rollout_size > 4:  # not clamped at the minimum: several rollouts fit in the phase
+        assert duration_s / slowest.period_s >= 6 * (1 - 1e-9)
+
+
+def test_offers_follow_capacity_not_fixed_numbers():
+    small = up_sizing.contended_offers({"a": 10.0, "b": 20.0}, 60)
+    big = up_sizing.contended_offers({"a": 100.0, "b": 200.0}, 60)
+    assert math.isclose(big["a"].rate_seq_s, 10 * small["a"].rate_seq_s)
+    assert math.isclose(small["b"].rate_seq_s, 2 * small["a"].rate_seq_s)
+    assert big["a"].rollout_size > small["a"].rollout_size
+
+
+@pytest.mark.parametrize("bad", [{"a": 0.0}, {"a": float("nan")}, {"a": -3.0}, {}])
+def test_offers_refuse_unmeasured_capacities(bad):
+    with pytest.raises(ValueError) as e:
+        up_sizing.contended_offers(bad, 60)
+    if bad:
+        assert repr(next(iter(bad.values()))) in str(e.value) or "nan" in str(e.value)
+
+
+@pytest.mark.parametrize("u", [0.0, 1.0, 1.5])
+def test_offers_refuse_a_utilization_that_lets_queues_grow(u):
+    with pytest.raises(ValueError, match=str(u)):
+        up_sizing.contended_offers(CAPACITIES, 60, u)
+
+
+def test_threads_split_the_cores():
+    assert up_sizing.threads_per_server(2, 5) == 1
+    assert up_sizing.threads_per_server(16, 5) == 3
+    assert up_sizing.threads_per_server(8, 2) == 4
+
+
+def test_ramp_stops_at_saturation_not_at_one_noisy_level():
+    assert up_sizing.ramp_levels(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert up_sizing.ramp_levels(6) == [1, 2, 4, 6]
+    assert not up_sizing.ramp_finished([10, 9])  # one dip is not saturation
+    assert not up_sizing.ramp_finished([10, 9, 15])
+    assert up_sizing.ramp_finished([10, 18, 19, 18])
+    assert up_sizing.knee([(1, 10), (2, 18), (4, 19), (8, 18)]) == (2, 19)
+
+
+def test_window_holds_enough_answers():
+    assert up_sizing.window_seconds(100) == 2.0
+    assert up_sizing.window_seconds(25) == 4.0
+    assert up_sizing.window_seconds(40) == 2.5
+    assert up_sizing.window_seconds(5) == 4.0
