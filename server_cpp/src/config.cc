@@ -4,6 +4,7 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <iomanip>
 #include <iterator>
 #include <map>
 #include <optional>
@@ -46,6 +47,23 @@ double ParseNumber(const std::string& flag, const std::string& v, double min, bo
     m << "must be " << (min_excluded ? "> " : ">= ") << min << ", got " << v;
     Fail(flag, m.str());
   }
+  return x;
+}
+
+// A number of seconds for a gRPC channel argument in milliseconds: above `min` (or equal to it when
+// `min_included`) and at most kMaxChannelSeconds. Same messages as server_py/rmscore/core/config.py.
+double ParseChannelSeconds(const std::string& flag, const std::string& v, bool min_included) {
+  std::ostringstream rule;
+  rule << "must be " << (min_included ? ">= 0" : "> 0") << " and <= " << std::fixed << std::setprecision(0)
+       << kMaxChannelSeconds << ", got " << v;
+  double x = 0;
+  try {
+    x = ParseNumber(flag, v, 0, !min_included);
+  } catch (const ConfigError& e) {
+    if (std::string(e.what()).find("not a number") != std::string::npos) throw;
+    Fail(flag, rule.str());
+  }
+  if (x > kMaxChannelSeconds) Fail(flag, rule.str());
   return x;
 }
 
@@ -110,6 +128,12 @@ const std::map<std::string, Setter>& Setters() {
          c.device = ParseChoice<Device>(f, v, {{"cpu", Device::kCpu}, {"cuda", Device::kCuda}});
        }},
       {"--drain-grace-seconds", [](Config& c, auto& f, auto& v) { c.drain_grace_seconds = ParseNumber(f, v, 0, true); }},
+      {"--max-connection-age-seconds", [](Config& c, auto& f, auto& v) {
+         c.max_connection_age_seconds = ParseChannelSeconds(f, v, false);
+       }},
+      {"--max-connection-age-grace-seconds", [](Config& c, auto& f, auto& v) {
+         c.max_connection_age_grace_seconds = ParseChannelSeconds(f, v, true);
+       }},
       {"--warmup-rounds", [](Config& c, auto& f, auto& v) { c.warmup_rounds = int(ParseInt(f, v, 1, 1 << 20)); }},
       {"--tls-cert-file", [](Config& c, auto& f, auto& v) { c.tls_cert_file = NonEmpty(f, v); }},
       {"--tls-key-file", [](Config& c, auto& f, auto& v) { c.tls_key_file = NonEmpty(f, v); }},
@@ -173,6 +197,14 @@ int64_t Config::max_queue_delay_us() const { return static_cast<int64_t>(std::ll
 
 double Config::shutdown_reserve_s() const { return std::min(kShutdownReserveMaxS, drain_grace_seconds / 2); }
 
+int Config::max_connection_age_ms() const {
+  return std::max(1, static_cast<int>(std::llround(max_connection_age_seconds * 1000.0)));
+}
+
+int Config::max_connection_age_grace_ms() const {
+  return static_cast<int>(std::llround(max_connection_age_grace_seconds * 1000.0));
+}
+
 Config ParseConfig(const std::vector<std::string>& args, bool* help_requested) {
   *help_requested = false;
   Config c;
@@ -211,6 +243,7 @@ std::string Usage() {
          "  --max-request-bytes 16777216  --intra-op-threads 2  --inter-op-threads 1\n"
          "  --graph-optimization-level disable|basic|extended|all  --precision fp32|int8\n"
          "  --device cpu|cuda  --drain-grace-seconds 30  --warmup-rounds 1\n"
+         "  --max-connection-age-seconds 300  --max-connection-age-grace-seconds 30 (gRPC GOAWAY, re-resolve)\n"
          "  --tls-cert-file PEM --tls-key-file PEM (both or neither; default: plaintext)\n"
          "  --auth-token-file PATH (shared bearer token; default: none)\n"
          "See docs/contract.md and docs/cpp_server.md.\n";

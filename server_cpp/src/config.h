@@ -33,6 +33,11 @@ struct Config {
   Precision precision = Precision::kFp32;
   Device device = Device::kCpu;
   double drain_grace_seconds = 30;
+  // A connection older than this gets a GOAWAY, so a round_robin client resolves the name again
+  // and finds replicas added since (docs/deploy.md, Kubernetes); gRPC adds +-10% jitter. The grace
+  // is how long calls in flight on it may still finish before it is closed.
+  double max_connection_age_seconds = 300;
+  double max_connection_age_grace_seconds = 30;
   // Times the warm-up set (a few small batches) runs before the self-check;
   // more rounds settle the runtime's allocators and caches before traffic.
   int warmup_rounds = 1;
@@ -50,7 +55,13 @@ struct Config {
   // The part of --drain-grace-seconds kept for failing what is left and closing the transports after
   // the drain (docs/contract.md): min(kShutdownReserveMaxS, grace / 2), as in the Python servers.
   double shutdown_reserve_s() const;
+  // The two connection-age flags as gRPC takes them, in milliseconds (the age at least 1).
+  int max_connection_age_ms() const;
+  int max_connection_age_grace_ms() const;
 };
+
+// The most seconds a gRPC channel argument in milliseconds (an int) holds; Python's MAX_CHANNEL_SECONDS.
+inline constexpr double kMaxChannelSeconds = 2147483;
 
 inline constexpr double kShutdownReserveMaxS = 3.0;
 

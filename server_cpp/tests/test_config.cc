@@ -45,6 +45,8 @@ TEST(Config, DefaultsAreTheContracts) {
   EXPECT_EQ(c.device, Device::kCpu);
   EXPECT_EQ(c.drain_grace_seconds, 30);
   EXPECT_EQ(c.warmup_rounds, 1);
+  EXPECT_EQ(c.max_connection_age_ms(), 300000);
+  EXPECT_EQ(c.max_connection_age_grace_ms(), 30000);
   EXPECT_FALSE(c.tls());
   EXPECT_EQ(c.auth_token, "");
 }
@@ -74,6 +76,19 @@ TEST(Config, DrainGraceMustBePositive) {
   EXPECT_EQ(ErrorOf({"--drain-grace-seconds", "0"}), "--drain-grace-seconds: must be > 0, got 0");
   EXPECT_EQ(ErrorOf({"--drain-grace-seconds=-2"}), "--drain-grace-seconds: must be > 0, got -2");
   EXPECT_EQ(Parse({"--drain-grace-seconds", "0.5"}).drain_grace_seconds, 0.5);
+}
+
+TEST(Config, MaxConnectionAgeMustBePositiveAndFitGrpcsMilliseconds) {
+  EXPECT_EQ(ErrorOf({"--max-connection-age-seconds", "0"}),
+            "--max-connection-age-seconds: must be > 0 and <= 2147483, got 0");
+  EXPECT_EQ(ErrorOf({"--max-connection-age-seconds=2147484"}),
+            "--max-connection-age-seconds: must be > 0 and <= 2147483, got 2147484");
+  EXPECT_EQ(ErrorOf({"--max-connection-age-grace-seconds", "-1"}),
+            "--max-connection-age-grace-seconds: must be >= 0 and <= 2147483, got -1");
+  EXPECT_EQ(ErrorOf({"--max-connection-age-seconds", "x"}), "--max-connection-age-seconds: not a number, got 'x'");
+  const Config c = Parse({"--max-connection-age-seconds", "0.0001", "--max-connection-age-grace-seconds", "0"});
+  EXPECT_EQ(c.max_connection_age_ms(), 1);
+  EXPECT_EQ(c.max_connection_age_grace_ms(), 0);
 }
 
 TEST(Config, PerRequestLimitMustFitTheQueue) {

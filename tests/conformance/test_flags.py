@@ -17,6 +17,9 @@ BAD = [
     (dict(batching="lifo"), "--batching: must be one of"),
     # Python quotes the parsed float ("got 0.0"), C++ the flag as typed ("got 0"): both start so.
     (dict(drain_grace_seconds=0), "--drain-grace-seconds: must be > 0, got 0"),
+    (dict(max_connection_age_seconds=0), "--max-connection-age-seconds: must be > 0 and <= 2147483, got 0"),
+    (dict(max_connection_age_grace_seconds=-1),
+     "--max-connection-age-grace-seconds: must be >= 0 and <= 2147483, got -1"),
     (dict(max_queue_sequences=100, max_sequences_per_request=101),
      "--max-sequences-per-request: must be <= --max-queue-sequences (100), got 101"),
 ]

@@ -38,3 +38,19 @@ def test_shutdown_reserve_is_three_seconds_at_most_and_half_the_grace_at_least(m
     assert ServeConfig(model=model).shutdown_reserve_s == 3.0
     assert ServeConfig(model=model, drain_grace_seconds=4).shutdown_reserve_s == 2.0
     assert ServeConfig(model=model, drain_grace_seconds=6).shutdown_reserve_s == 3.0
+
+
+def test_max_connection_age_must_be_positive_and_fit_grpcs_milliseconds(model):
+    assert (error_of(model, max_connection_age_seconds=0.0)
+            == "--max-connection-age-seconds: must be > 0 and <= 2147483, got 0.0")
+    assert (error_of(model, max_connection_age_seconds=2147484.0)
+            == "--max-connection-age-seconds: must be > 0 and <= 2147483, got 2147484.0")
+    assert (error_of(model, max_connection_age_grace_seconds=-1.0)
+            == "--max-connection-age-grace-seconds: must be >= 0 and <= 2147483, got -1.0")
+
+
+def test_connection_age_flags_become_grpc_channel_arguments_in_milliseconds(model):
+    assert dict(ServeConfig(model=model).connection_age_options) == {
+        "grpc.max_connection_age_ms": 300_000, "grpc.max_connection_age_grace_ms": 30_000}
+    tiny = ServeConfig(model=model, max_connection_age_seconds=0.0001, max_connection_age_grace_seconds=0)
+    assert dict(tiny.connection_age_options) == {"grpc.max_connection_age_ms": 1, "grpc.max_connection_age_grace_ms": 0}

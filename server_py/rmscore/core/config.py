@@ -27,6 +27,9 @@ class ConfigError(ValueError):
 #: drain (docs/contract.md); the C++ server's kShutdownReserveMaxS.
 SHUTDOWN_RESERVE_MAX_S = 3.0
 
+#: The most seconds a gRPC channel argument in milliseconds (an int32) holds; the C++ server's kMaxChannelSeconds.
+MAX_CHANNEL_SECONDS = 2147483
+
 
 def _read(path: pathlib.Path) -> bytes | None:
     try:
@@ -62,6 +65,11 @@ class ServeConfig:
     precision: str = "fp32"
     device: str = "cpu"
     drain_grace_seconds: float = 30.0
+    #: gRPC only: a connection older than this gets a GOAWAY, so a round_robin client resolves the
+    #: name again and finds replicas added since (docs/deploy.md, Kubernetes); gRPC adds +-10% jitter.
+    max_connection_age_seconds: float = 300.0
+    #: How long calls in flight on a connection past its age may still finish before it is closed.
+    max_connection_age_grace_seconds: float = 30.0
     #: Times the backend's warm-up set runs before the self-check (same flag in the C++ server).
     warmup_rounds: int = 1
     # Access control (docs/contract.md): TLS with both files, a shared bearer token from a
@@ -100,6 +108,11 @@ class ServeConfig:
             check(value >= 1, flag, "must be >= 1", value)
         check(self.max_queue_delay_ms >= 0, "max-queue-delay-ms", "must be >= 0", self.max_queue_delay_ms)
         check(self.drain_grace_seconds > 0, "drain-grace-seconds", "must be > 0", self.drain_grace_seconds)
+        # gRPC takes both in milliseconds in an int32.
+        check(0 < self.max_connection_age_seconds <= MAX_CHANNEL_SECONDS, "max-connection-age-seconds",
+              f"must be > 0 and <= {MAX_CHANNEL_SECONDS}", self.max_connection_age_seconds)
+        check(0 <= self.max_connection_age_grace_seconds <= MAX_CHANNEL_SECONDS, "max-connection-age-grace-seconds",
+              f"must be >= 0 and <= {MAX_CHANNEL_SECONDS}", self.max_connection_age_grace_seconds)
         check(self.max_sequences_per_request <= self.max_queue_sequences, "max-sequences-per-request",
               f"must be <= --max-queue-sequences ({self.max_queue_sequences})", self.max_sequences_per_request)
         self._check_access(check)
@@ -136,6 +149,12 @@ class ServeConfig:
         return min(SHUTDOWN_RESERVE_MAX_S, self.drain_grace_seconds / 2)
 
     @property
+    def connection_age_options(self) -> list[tuple[str, int]]:
+        """The gRPC server channel arguments for the two connection-age flags (at least 1 ms each but the grace)."""
+        return [("grpc.max_connection_age_ms", max(1, round(self.max_connection_age_seconds * 1000))),
+                ("grpc.max_connection_age_grace_ms", round(self.max_connection_age_grace_seconds * 1000))]
+
+    @property
     def planner(self) -> PlannerConfig:
         return PlannerConfig(self.max_batch_size, self.max_batch_tokens,
                              round(self.max_queue_delay_ms * 1000), self.batching)
@@ -157,7 +176,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  "max_sequences_per_request", "max_request_bytes", "intra_op_threads", "inter_op_threads",
                  "warmup_rounds"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=d[name].default, help="(default: %(default)s)")
-    for name in ("max_queue_delay_ms", "drain_grace_seconds"):
+    for name in ("max_queue_delay_ms", "drain_grace_seconds", "max_connection_age_seconds",
+                 "max_connection_age_grace_seconds"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=d[name].default, help="(default: %(default)s)")
     for name in ("batching", "graph_optimization_level", "precision", "device"):
         p.add_argument("--" + name.replace("_", "-"), default=d[name].default, help="(default: %(default)s)")
@@ -178,6 +198,8 @@ def from_args(a: argparse.Namespace) -> ServeConfig:
         intra_op_threads=a.intra_op_threads, inter_op_threads=a.inter_op_threads,
         graph_optimization_level=a.graph_optimization_level, precision=a.precision, device=a.device,
         drain_grace_seconds=a.drain_grace_seconds, warmup_rounds=a.warmup_rounds,
+        max_connection_age_seconds=a.max_connection_age_seconds,
+        max_connection_age_grace_seconds=a.max_connection_age_grace_seconds,
         tls_cert_file=_path("tls-cert-file", a.tls_cert_file), tls_key_file=_path("tls-key-file", a.tls_key_file),
         auth_token_file=_path("auth-token-file", a.auth_token_file))
 

@@ -189,7 +189,7 @@ async def serve(cfg: ServeConfig) -> int:
     interceptors = [TokenCheck(cfg.auth_token, core)] if cfg.auth_token else []
     server = grpc.aio.server(interceptors=interceptors, options=[("grpc.max_receive_message_length", limit),
                                       ("grpc.max_send_message_length", max(limit, 64 << 20)),
-                                      ("grpc.so_reuseport", 0)])
+                                      ("grpc.so_reuseport", 0), *cfg.connection_age_options])
     add_servicer(RewardModelServicer(core), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
