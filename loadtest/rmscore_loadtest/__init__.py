@@ -7,7 +7,9 @@ observe.py     a server from outside: resident memory (/proc), Prometheus metric
 bench/         `rmscore bench`: repeated runs on fresh servers, intervals, report, plots;
                `--overhead`: the C++ serving overhead against the in-process driver
 reliability/   `rmscore hardening`: faults, overload, cancellation, soak, hostile input
-up.py          `rmscore up`: the local stack (every kind, Prometheus, Locust)
+up.py          `rmscore up`: which kind is fastest here; up_sizing (load sizing), up_alone
+               (each server alone: ramp, windows), up_report (plots, the HTML page)
+observe.py     one reader of a server's RSS and metrics
 
 Light on import: the Locust file imports `workload` and `caller` from here under gevent, so
 nothing heavy (matplotlib, torch) is imported at package level.
