@@ -9,7 +9,6 @@ bench/         `rmscore bench`: repeated runs on fresh servers, intervals, repor
 reliability/   `rmscore hardening`: faults, overload, cancellation, soak, hostile input
 up.py          `rmscore up`: which kind is fastest here; up_sizing (load sizing), up_alone
                (each server alone: ramp, windows), up_report (plots, the HTML page)
-observe.py     one reader of a server's RSS and metrics
 
 Light on import: the Locust file imports `workload` and `caller` from here under gevent, so
 nothing heavy (matplotlib, torch) is imported at package level.
