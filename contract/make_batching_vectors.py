@@ -59,6 +59,14 @@ HAND = [
          [(1, 0, 10, None), (2, 1000, 20, None), (3, 1500, 30, None)], wait_us=3000),
     case("fifo not full and due: all of them", cfg("fifo"), 5000,
          [(1, 0, 10, None), (2, 1000, 300, None), (3, 1500, 30, None)], batch=[1, 2, 3]),
+    case("exactly max_batch_size waiting: runs at once", cfg(size=3), 1000,
+         [(1, 0, 10, None), (2, 100, 20, None), (3, 200, 30, None)], batch=[1, 2, 3]),
+    case("fifo, exactly max_batch_size waiting: runs at once", cfg("fifo", size=3), 1000,
+         [(1, 0, 10, None), (2, 100, 20, None), (3, 200, 30, None)], batch=[1, 2, 3]),
+    case("token budget exactly filled: runs at once", cfg(tokens=200), 1000,
+         [(1, 0, 100, None), (2, 100, 100, None)], batch=[1, 2]),
+    case("one short of the size limit: waits", cfg(size=4), 1000,
+         [(1, 0, 10, None), (2, 100, 20, None), (3, 200, 30, None)], wait_us=4000),
 ]
 
 

@@ -87,6 +87,15 @@ Chosen LengthAware(const std::vector<const Waiting*>& live, const PlannerConfig&
   }
 }
 
+// No sequence arriving later could join (planner.py's _closed): the batch is at
+// the size limit, or one more of even its current longest length would break
+// the token budget. Waiting for the delay gains nothing.
+bool Closed(const std::vector<const Waiting*>& live, const Chosen& c, const PlannerConfig& cfg) {
+  int64_t longest = 0;
+  for (size_t i : c.idx) longest = std::max(longest, live[i]->length);
+  return !Fits(int64_t(c.idx.size()) + 1, longest, cfg);
+}
+
 }  // namespace
 
 Decision Plan(const std::vector<Waiting>& queue, int64_t now_us, const PlannerConfig& cfg) {
@@ -104,7 +113,7 @@ Decision Plan(const std::vector<Waiting>& queue, int64_t now_us, const PlannerCo
 
   Chosen chosen = cfg.mode == BatchingMode::kFifo ? Fifo(live, cfg) : LengthAware(live, cfg);
   const int64_t due_us = live[0]->arrival_us + cfg.max_queue_delay_us;
-  if (chosen.full || now_us >= due_us) {
+  if (chosen.full || Closed(live, chosen, cfg) || now_us >= due_us) {
     // Report the batch in queue order.
     std::sort(chosen.idx.begin(), chosen.idx.end());
     d.batch.reserve(chosen.idx.size());

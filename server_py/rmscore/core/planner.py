@@ -66,7 +66,7 @@ def plan(queue: Sequence[Waiting], now_us: int, cfg: PlannerConfig) -> Decision:
 
     oldest = live[0]
     due_us = oldest.arrival_us + cfg.max_queue_delay_us
-    if full or now_us >= due_us:
+    if full or _closed(live, chosen, cfg) or now_us >= due_us:
         order = {w.id: i for i, w in enumerate(live)}
         decision.batch = sorted(chosen, key=order.__getitem__)
     else:
@@ -76,6 +76,14 @@ def plan(queue: Sequence[Waiting], now_us: int, cfg: PlannerConfig) -> Decision:
 
 def _fits(count: int, longest: int, cfg: PlannerConfig) -> bool:
     return count <= cfg.max_batch_size and count * longest <= cfg.max_batch_tokens
+
+
+def _closed(live: list[Waiting], chosen: list[int], cfg: PlannerConfig) -> bool:
+    """No sequence arriving later could join: the batch is at the size limit, or one more of even
+    its current longest length would break the token budget. Waiting for the delay gains nothing."""
+    ids = set(chosen)
+    longest = max(w.length for w in live if w.id in ids)
+    return not _fits(len(chosen) + 1, longest, cfg)
 
 
 def _fifo(live: list[Waiting], cfg: PlannerConfig) -> tuple[list[int], bool]:
