@@ -171,7 +171,7 @@ int Run(const Config& cfg, const sigset_t& signals) {
   const Manifest manifest = LoadManifest(cfg.model_dir);
   std::string tokenizer_json = ReadFile(manifest.TokenizerPath());
 
-  Metrics metrics(manifest.name, manifest.version);
+  Metrics metrics(manifest.name, manifest.version, ToString(cfg.device));
   const int metrics_port = metrics.Serve(cfg.host, cfg.metrics_port);
   RewardModelService service(cfg, manifest, std::move(tokenizer_json), &metrics);
   int port = 0;

@@ -6,11 +6,6 @@
 #include "metrics_json.h"
 
 namespace rmscore {
-namespace {
-
-const std::map<std::string, std::string> kCommonLabels = {{"server", "cpp-grpc"}, {"backend", "onnxruntime"}};
-
-}  // namespace
 
 const char* StatusCodeName(grpc::StatusCode code) {
   static const char* const kNames[] = {
@@ -21,18 +16,20 @@ const char* StatusCodeName(grpc::StatusCode code) {
   return i >= 0 && i < 17 ? kNames[i] : "UNKNOWN";
 }
 
-Metrics::Metrics(const std::string& model, const std::string& version)
+Metrics::Metrics(const std::string& model, const std::string& version, const std::string& device)
     : registry_(std::make_shared<prometheus::Registry>()) {
+  const std::map<std::string, std::string> common = {
+      {"server", "cpp-grpc"}, {"backend", "onnxruntime"}, {"device", device}};
   const auto spec = nlohmann::json::parse(kMetricsJson);
   for (const auto& m : spec.at("metrics")) {
     const std::string name = m.at("name"), type = m.at("type"), help = m.at("help");
     if (type == "counter") {
-      counters_[name] = &prometheus::BuildCounter().Name(name).Help(help).Labels(kCommonLabels).Register(*registry_);
+      counters_[name] = &prometheus::BuildCounter().Name(name).Help(help).Labels(common).Register(*registry_);
     } else if (type == "gauge") {
-      gauges_[name] = &prometheus::BuildGauge().Name(name).Help(help).Labels(kCommonLabels).Register(*registry_);
+      gauges_[name] = &prometheus::BuildGauge().Name(name).Help(help).Labels(common).Register(*registry_);
     } else if (type == "histogram") {
       histograms_[name] =
-          &prometheus::BuildHistogram().Name(name).Help(help).Labels(kCommonLabels).Register(*registry_);
+          &prometheus::BuildHistogram().Name(name).Help(help).Labels(common).Register(*registry_);
       buckets_[name] = m.at("buckets").get<std::vector<double>>();
     } else {
       throw std::runtime_error("metrics.json: " + name + ": unknown type " + type);

@@ -1,6 +1,6 @@
 // Prometheus metrics, built from server_py/rmscore/core/metrics.json (embedded at
 // build time) so names, labels and buckets are the Python servers' own.
-// Every series carries server="cpp-grpc", backend="onnxruntime".
+// Every series carries server="cpp-grpc", backend="onnxruntime" and device (the --device).
 #pragma once
 
 #include <grpcpp/support/status.h>
@@ -24,7 +24,7 @@ const char* StatusCodeName(grpc::StatusCode code);  // "OK", "INVALID_ARGUMENT",
 class Metrics {
  public:
   // Throws std::runtime_error if metrics.json lacks a metric this code records.
-  Metrics(const std::string& model, const std::string& version);
+  Metrics(const std::string& model, const std::string& version, const std::string& device = "cpu");
   ~Metrics();
 
   // Serves /metrics on host:port (0: ephemeral); returns the bound port.

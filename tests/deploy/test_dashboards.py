@@ -143,8 +143,9 @@ def test_queries_and_rules_read_only_known_series():
     for r in load_rules():
         unknown = metric_names_in(r["expr"]) - known - recorded
         assert not unknown, f"rule {r['record']}: unknown series {sorted(unknown)}"
-        # a rule must keep server and backend, or the dashboards cannot tell the servers apart
-        assert "by (server, backend" in r["expr"], f"rule {r['record']} drops server/backend: {r['expr']}"
+        # a rule must keep server, backend and device, or the dashboards cannot tell the servers apart
+        # (a GPU server would merge into the CPU series of the same kind)
+        assert "by (server, backend, device" in r["expr"], f"rule {r['record']} drops server/backend/device: {r['expr']}"
 
 
 def test_every_recording_rule_is_shown_somewhere():
@@ -179,6 +180,7 @@ def test_alerts_read_known_series_and_keep_the_server():
         assert {"summary", "description"} <= set(r["annotations"]), f"{r['alert']}: summary and description"
         # an alert must say which server kind: every rule it reads keeps server and backend
         assert "{{ $labels.server }}" in r["annotations"]["summary"], f"{r['alert']}: {r['annotations']['summary']!r}"
+        assert "{{ $labels.device }}" in r["annotations"]["summary"], f"{r['alert']}: {r['annotations']['summary']!r}"
 
 
 def test_alerts_fire_on_bad_series_and_stay_silent_on_healthy_ones():

@@ -14,16 +14,22 @@ SPEC = json.loads((pathlib.Path(__file__).parent / "metrics.json").read_text())
 _TYPES = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
 
 
-class Metrics:
-    """Every metric of one server, with `server` and `backend` already bound."""
+def buckets(spec: dict) -> list[float]:
+    """A histogram's bucket bounds: its list, or the name of one of SPEC's "bucket_sets"."""
+    b = spec["buckets"]
+    return SPEC["bucket_sets"][b] if isinstance(b, str) else b
 
-    def __init__(self, server: str, backend: str, registry: CollectorRegistry | None = None):
+
+class Metrics:
+    """Every metric of one server, with `server`, `backend` and `device` (its --device) already bound."""
+
+    def __init__(self, server: str, backend: str, registry: CollectorRegistry | None = None, *, device: str = "cpu"):
         self.registry = registry or CollectorRegistry()
         self._m = {}
-        common = {"server": server, "backend": backend}
+        common = {"server": server, "backend": backend, "device": device}
         for spec in SPEC["metrics"]:
             labels = SPEC["common_labels"] + spec["labels"]
-            kwargs = {"buckets": spec["buckets"]} if spec["type"] == "histogram" else {}
+            kwargs = {"buckets": buckets(spec)} if spec["type"] == "histogram" else {}
             name = spec["name"]
             if spec["type"] == "counter":
                 name = name.removesuffix("_total")  # prometheus_client appends _total itself
