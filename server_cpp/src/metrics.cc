@@ -30,7 +30,9 @@ Metrics::Metrics(const std::string& model, const std::string& version, const std
     } else if (type == "histogram") {
       histograms_[name] =
           &prometheus::BuildHistogram().Name(name).Help(help).Labels(common).Register(*registry_);
-      buckets_[name] = m.at("buckets").get<std::vector<double>>();
+      // A list, or the name of one of "bucket_sets" (shared by the histograms in seconds).
+      const auto& b = m.at("buckets");
+      buckets_[name] = (b.is_string() ? spec.at("bucket_sets").at(b.get<std::string>()) : b).get<std::vector<double>>();
     } else {
       throw std::runtime_error("metrics.json: " + name + ": unknown type " + type);
     }
