@@ -1,11 +1,98 @@
 #include "metrics.h"
 
+#include <dirent.h>
+#include <prometheus/collectable.h>
+#include <prometheus/metric_family.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <stdexcept>
 
 #include "metrics_json.h"
 
 namespace rmscore {
+namespace {
+
+// metrics.json's "process_metrics", read from /proc at each scrape with the Prometheus client
+// libraries' names and meanings (prometheus_client's ProcessCollector on the Python servers).
+class ProcessCollectable : public prometheus::Collectable {
+ public:
+  explicit ProcessCollectable(const nlohmann::json& specs) {
+    for (const auto& m : specs) help_[m.at("name").get<std::string>()] = m.at("help").get<std::string>();
+  }
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> out;
+    for (const auto& [name, value] : Read()) {
+      prometheus::ClientMetric m;
+      const bool counter = name.size() > 6 && name.compare(name.size() - 6, 6, "_total") == 0;
+      if (counter) {
+        m.counter.value = value;
+      } else {
+        m.gauge.value = value;
+      }
+      out.push_back({name, help_.at(name), counter ? prometheus::MetricType::Counter : prometheus::MetricType::Gauge,
+                     {m}});
+    }
+    return out;
+  }
+
+ private:
+  std::map<std::string, std::string> help_;
+
+  // /proc/self/stat after the command name (which may hold spaces): field 3 (state) onwards.
+  static std::vector<std::string> StatFields() {
+    std::ifstream in("/proc/self/stat");
+    std::string line;
+    std::getline(in, line);
+    std::istringstream rest(line.substr(line.rfind(')') + 2));
+    std::vector<std::string> fields;
+    for (std::string f; rest >> f;) fields.push_back(f);
+    return fields;
+  }
+
+  static double BootTimeSeconds() {
+    std::ifstream in("/proc/stat");
+    for (std::string key; in >> key;) {
+      if (key == "btime") {
+        double t = 0;
+        in >> t;
+        return t;
+      }
+    }
+    return 0;
+  }
+
+  static double OpenFds() {
+    DIR* d = opendir("/proc/self/fd");
+    if (d == nullptr) return 0;
+    double n = 0;
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+    return n;  // the directory stream's own descriptor included, as the client libraries count
+  }
+
+  std::map<std::string, double> Read() const {
+    const std::vector<std::string> f = StatFields();  // f[i] is stat field i + 3 (proc(5))
+    if (f.size() < 22) return {};
+    const double ticks = double(sysconf(_SC_CLK_TCK));
+    rlimit fds{};
+    getrlimit(RLIMIT_NOFILE, &fds);
+    return {
+        {"process_cpu_seconds_total", (std::stod(f[11]) + std::stod(f[12])) / ticks},  // utime + stime
+        {"process_start_time_seconds", BootTimeSeconds() + std::stod(f[19]) / ticks},   // starttime
+        {"process_virtual_memory_bytes", std::stod(f[20])},                             // vsize
+        {"process_resident_memory_bytes", std::stod(f[21]) * double(sysconf(_SC_PAGESIZE))},  // rss pages
+        {"process_open_fds", OpenFds()},
+        {"process_max_fds", double(fds.rlim_cur)},
+    };
+  }
+};
+
+}  // namespace
 
 const char* StatusCodeName(grpc::StatusCode code) {
   static const char* const kNames[] = {
@@ -21,6 +108,7 @@ Metrics::Metrics(const std::string& model, const std::string& version, const std
   const std::map<std::string, std::string> common = {
       {"server", "cpp-grpc"}, {"backend", "onnxruntime"}, {"device", device}};
   const auto spec = nlohmann::json::parse(kMetricsJson);
+  process_ = std::make_shared<ProcessCollectable>(spec.at("process_metrics"));
   for (const auto& m : spec.at("metrics")) {
     const std::string name = m.at("name"), type = m.at("type"), help = m.at("help");
     if (type == "counter") {
@@ -72,6 +160,7 @@ prometheus::Histogram& Metrics::Histo(const std::string& name) {
 int Metrics::Serve(const std::string& host, int port) {
   exposer_ = std::make_unique<prometheus::Exposer>(host + ":" + std::to_string(port), 2);
   exposer_->RegisterCollectable(registry_);
+  exposer_->RegisterCollectable(process_);
   const auto ports = exposer_->GetListeningPorts();
   if (ports.empty()) throw std::runtime_error("metrics: no listening port on " + host);
   return ports.front();

@@ -44,6 +44,7 @@ class Metrics {
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<prometheus::Collectable> process_;  // metrics.json's process_metrics, from /proc
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::map<std::string, prometheus::Family<prometheus::Counter>*> counters_;
   std::map<std::string, prometheus::Family<prometheus::Gauge>*> gauges_;

@@ -268,6 +268,8 @@ def test_metric_names_and_labels(server, call):
         assert lines, f"{series} missing from /metrics"
         # the conformance servers run with the default --device cpu
         assert all(f'server="{kind}"' in ln and 'backend="' in ln and 'device="cpu"' in ln for ln in lines), lines
+    for m in SPEC["process_metrics"]:  # the client libraries' own names, no labels, a number
+        assert re.search(rf"^{m['name']} [0-9.e+]+$", text, re.M), f"{m['name']} missing from /metrics"
     assert re.search(r'rmscore_requests_total\{[^}]*code="INVALID_ARGUMENT"', text)
     assert re.search(r'rmscore_requests_total\{[^}]*code="OK"', text)
 

@@ -94,7 +94,7 @@ def panel_queries() -> list[tuple[str, dict, str, str]]:
 
 
 def known_metric_names() -> set[str]:
-    names = {"up"}
+    names = {"up"} | {m["name"] for m in METRICS["process_metrics"]}
     for m in METRICS["metrics"]:
         n = m["name"]
         names.add(n)

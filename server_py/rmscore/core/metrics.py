@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, disable_created_metrics
 
 # The C++ server (prometheus-cpp) has no *_created series; keep the expositions alike.
 disable_created_metrics()
@@ -25,6 +25,9 @@ class Metrics:
 
     def __init__(self, server: str, backend: str, registry: CollectorRegistry | None = None, *, device: str = "cpu"):
         self.registry = registry or CollectorRegistry()
+        # SPEC["process_metrics"]: CPU, memory, fds and start time, as the C++ server reads them from /proc.
+        # (No PlatformCollector: python_info has no counterpart in the C++ server.)
+        ProcessCollector(registry=self.registry)
         self._m = {}
         common = {"server": server, "backend": backend, "device": device}
         for spec in SPEC["metrics"]:
