@@ -16,7 +16,7 @@ from rmscore.core.errors import Code, ScoreError
 from rmscore.core.metrics import Metrics
 from rmscore.core.planner import FIFO, PlannerConfig
 
-LABELS = {"server": "test", "backend": "v0"}
+LABELS = {"server": "test", "backend": "v0", "device": "cpu"}
 
 
 class Gate:

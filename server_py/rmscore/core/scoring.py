@@ -29,7 +29,7 @@ class ScoringCore:
     def __init__(self, cfg: ServeConfig):
         self.cfg = cfg
         self.repo: ModelRepo = load_repo(cfg.model)
-        self.metrics = Metrics(cfg.server_kind, cfg.backend)
+        self.metrics = Metrics(cfg.server_kind, cfg.backend, device=cfg.device)
         self.metrics.build_info(self.repo.name, self.repo.version)
         from tokenizers import Tokenizer
 
