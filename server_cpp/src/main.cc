@@ -172,6 +172,7 @@ int Run(const Config& cfg, const sigset_t& signals) {
   std::string tokenizer_json = ReadFile(manifest.TokenizerPath());
 
   Metrics metrics(manifest.name, manifest.version, ToString(cfg.device));
+  metrics.SetQueueCapacity(cfg.max_queue_sequences);
   const int metrics_port = metrics.Serve(cfg.host, cfg.metrics_port);
   RewardModelService service(cfg, manifest, std::move(tokenizer_json), &metrics);
   int port = 0;

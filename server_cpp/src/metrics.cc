@@ -184,6 +184,8 @@ void Metrics::SequencesDropped(const std::string& reason, int64_t n) {
   Family(counters_, "rmscore_sequences_dropped_total").Add({{"reason", reason}}).Increment(double(n));
 }
 
+void Metrics::SetQueueCapacity(int64_t n) { Family(gauges_, "rmscore_queue_capacity_sequences").Add({}).Set(double(n)); }
+
 void Metrics::BatchRan(double seconds, int64_t size, double padding_ratio) {
   batch_seconds_->Observe(seconds);
   batch_size_->Observe(double(size));

@@ -268,6 +268,9 @@ def test_metric_names_and_labels(server, call):
         assert lines, f"{series} missing from /metrics"
         # the conformance servers run with the default --device cpu
         assert all(f'server="{kind}"' in ln and 'backend="' in ln and 'device="cpu"' in ln for ln in lines), lines
+    # the --max-queue-sequences it runs with, which the queue alert divides by
+    cap = FLAGS["max_queue_sequences"]
+    assert re.search(rf"^rmscore_queue_capacity_sequences\{{[^}}]*\}} {cap}(\.0)?$", text, re.M), cap
     for m in SPEC["process_metrics"]:  # the client libraries' own names, no labels, a number
         assert re.search(rf"^{m['name']} [0-9.e+]+$", text, re.M), f"{m['name']} missing from /metrics"
     assert re.search(r'rmscore_requests_total\{[^}]*code="INVALID_ARGUMENT"', text)

@@ -63,6 +63,9 @@ class Metrics:
     def set_queue_depth(self, n: int) -> None:
         self._child("rmscore_queue_depth").set(n)
 
+    def set_queue_capacity(self, n: int) -> None:
+        self._child("rmscore_queue_capacity_sequences").set(n)
+
     def batch_ran(self, seconds: float, size: int, padding_ratio: float) -> None:
         self._child("rmscore_batch_inference_seconds").observe(seconds)
         self._child("rmscore_batch_size").observe(size)
