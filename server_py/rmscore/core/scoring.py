@@ -30,6 +30,7 @@ class ScoringCore:
         self.cfg = cfg
         self.repo: ModelRepo = load_repo(cfg.model)
         self.metrics = Metrics(cfg.server_kind, cfg.backend, device=cfg.device)
+        self.metrics.set_queue_capacity(cfg.max_queue_sequences)
         self.metrics.build_info(self.repo.name, self.repo.version)
         from tokenizers import Tokenizer
 

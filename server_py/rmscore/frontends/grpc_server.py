@@ -185,7 +185,6 @@ def _refusal(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
 
 async def serve(cfg: ServeConfig) -> int:
     core = ScoringCore(cfg)
-    core.metrics.set_queue_capacity(cfg.max_queue_sequences)
     limit = cfg.max_request_bytes
     interceptors = [TokenCheck(cfg.auth_token, core)] if cfg.auth_token else []
     server = grpc.aio.server(interceptors=interceptors, options=[("grpc.max_receive_message_length", limit),

@@ -277,7 +277,6 @@ class _DrainingServer(uvicorn.Server):
 
 def run(cfg: ServeConfig) -> int:
     core = ScoringCore(cfg)
-    core.metrics.set_queue_capacity(cfg.max_queue_sequences)
     app = create_app(core)
     # IPPROTO_TCP, not the default 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on
     # sockets whose proto says TCP, and accepted sockets inherit it. With proto 0, uvicorn's two
