@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import time
 
 from rmscore.tools import launch
 from rmscore.tools.launch import RunningServer  # noqa: F401 - re-exported for the tests
@@ -46,3 +47,14 @@ def is_ready(server: RunningServer) -> bool:
 
 def wait_until_ready(server: RunningServer, deadline: float) -> None:
     server.wait_until_ready(deadline)
+
+
+def start_all(kinds, started: list, ready_timeout_s: float = 400, **flags) -> list[RunningServer]:
+    """Start every kind, then wait for each to be ready, so their warm-ups overlap. Appends to
+    `started` as it goes: the caller's cleanup stops whatever did start when one fails."""
+    for kind in kinds:
+        started.append(start(kind, wait_ready=False, **flags))
+    deadline = time.monotonic() + ready_timeout_s
+    for server in started:
+        wait_until_ready(server, deadline)
+    return started

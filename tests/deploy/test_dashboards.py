@@ -426,12 +426,7 @@ def stack():
     prom = stop = None
     work = pathlib.Path(tempfile.mkdtemp(prefix="rmscore-prometheus-"))
     try:
-        # start all, then wait: the warm-ups overlap
-        for k in kinds:
-            started.append(servers.start(k, wait_ready=False))
-        deadline = time.monotonic() + 400
-        for s in started:
-            servers.wait_until_ready(s, deadline)
+        servers.start_all(kinds, started)
 
         port = free_port()
         targets = {SERVICE_OF_KIND[s.kind]: f"127.0.0.1:{s.metrics_port}" for s in started}

@@ -602,13 +602,7 @@ def live_servers():
     kinds = [k for k in ("py-grpc-onnxruntime", "py-http-onnxruntime", "cpp-grpc") if k in servers.available_kinds()]
     started = []
     try:
-        for k in kinds:
-            started.append(servers.start(k, wait_ready=False))
-        import time
-        deadline = time.monotonic() + 400
-        for s in started:
-            servers.wait_until_ready(s, deadline)
-        yield started
+        yield servers.start_all(kinds, started)
     finally:
         for s in started:
             s.stop()
