@@ -37,12 +37,20 @@ COPY server_py/rmscore/core/metrics.json server_py/rmscore/core/metrics.json
 COPY contract/batching_vectors.json contract/batching_vectors.json
 COPY docker/healthcheck/ docker/healthcheck/
 COPY docker/collect_runtime_libs.sh docker/collect_runtime_libs.sh
+COPY docker/requirements-cpp-cpu.lock docker/requirements-cpp-gpu.lock docker/
 # setup_ort_sdk.sh downloads the pinned wheel with .venv/bin/pip when there is
 # one, else `python3 -m pip`, which Debian's python3 lacks: a bare venv gives it
 # pip without installing the Python requirements this image does not need.
+# The wheel is downloaded here first, checked against its sha256 in
+# docker/requirements-cpp-{cpu,gpu}.lock (--require-hashes); setup_ort_sdk.sh
+# then runs with no index and can take only that file.
 RUN RMSCORE_STEPS=apt scripts/setup.sh \
  && python3 -m venv .venv \
- && RMSCORE_ORT_GPU="${RMSCORE_GPU}" scripts/setup_ort_sdk.sh \
+ && flavour=cpu; if [ "${RMSCORE_GPU}" = 1 ]; then flavour=gpu; fi \
+ && wheels="$(mktemp -d)" \
+ && .venv/bin/pip download --require-hashes --no-deps --only-binary :all: -d "${wheels}" -r "docker/requirements-cpp-${flavour}.lock" \
+ && PIP_NO_INDEX=1 PIP_FIND_LINKS="${wheels}" RMSCORE_ORT_GPU="${RMSCORE_GPU}" scripts/setup_ort_sdk.sh \
+ && rm -rf "${wheels}" \
  && RMSCORE_BUILD_JOBS="${RMSCORE_BUILD_JOBS}" scripts/build_cpp.sh \
  && docker/healthcheck/build.sh build/healthcheck \
  && docker/collect_runtime_libs.sh /opt/rmscore/lib build/cpp/rmscore-server-cpp build/healthcheck/grpc_health_probe \

@@ -9,7 +9,8 @@
 #
 # Build stage: scripts/setup.sh, the same script as a local set-up, runs its
 # `apt`, `venv` and `stubs` steps (Debian packages, .venv from
-# requirements.lock, the generated gRPC stubs). The serving venv is that venv
+# requirements.lock, the generated gRPC stubs), installing only files checked
+# against the hashed lock of this image's Python (see the RUN below). The serving venv is that venv
 # with the tool-only distributions uninstalled and `pip check` passing (so
 # nothing left needs them; tests/deploy/test_deploy.py keeps the list equal to
 # requirements.lock minus what the server and client distributions need).
@@ -35,14 +36,26 @@ ENV DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /opt/rmscore
 COPY scripts/ scripts/
 COPY requirements.lock pyproject.toml ./
+COPY docker/requirements-python-cpu.lock docker/requirements-python-gpu.lock docker/
 COPY proto/ proto/
 COPY server_py/ server_py/
 COPY client/ client/
 COPY loadtest/ loadtest/
 COPY docker/healthcheck/healthcheck.py docker/healthcheck/healthcheck.py
+# Hashed install: pip downloads every file the lock names and checks each against its sha256
+# (--require-hashes: a requirement without a hash, or a file that differs, fails the build); then
+# setup.sh's own steps install with no index at all, from those files only, so nothing it asks
+# for can come from anywhere else (a package missing from the lock fails the build).
+# docker/requirements-python-{cpu,gpu}.lock: scripts/lock_images.sh, for this base's Python.
 RUN --mount=type=cache,target=/root/.cache/pip \
-    if [ "${RMSCORE_GPU}" != 1 ]; then export PIP_EXTRA_INDEX_URL="${TORCH_CPU_INDEX}"; fi \
- && RMSCORE_GPU="${RMSCORE_GPU}" RMSCORE_STEPS=apt,venv,stubs scripts/setup.sh \
+    flavour=cpu; if [ "${RMSCORE_GPU}" = 1 ]; then flavour=gpu; fi \
+ && RMSCORE_STEPS=apt scripts/setup.sh \
+ && python3 -m venv .venv \
+ && wheels="$(mktemp -d)" \
+ && if [ "${flavour}" = cpu ]; then export PIP_EXTRA_INDEX_URL="${TORCH_CPU_INDEX}"; fi \
+ && .venv/bin/pip download --require-hashes --no-deps --only-binary :all: -d "${wheels}" -r "docker/requirements-python-${flavour}.lock" \
+ && PIP_NO_INDEX=1 PIP_FIND_LINKS="${wheels}" RMSCORE_GPU="${RMSCORE_GPU}" RMSCORE_STEPS=venv,stubs scripts/setup.sh \
+ && rm -rf "${wheels}" \
  && .venv/bin/python -c "import rmscore_client.v1.reward_pb2_grpc, grpc_health.v1.health_pb2, onnxruntime, torch; print('torch', torch.__version__, 'ort', onnxruntime.__version__, onnxruntime.get_available_providers())"
 
 # The serving venv: the build's, less what only the tools use (the load tools,
