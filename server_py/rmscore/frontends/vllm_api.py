@@ -122,7 +122,7 @@ class VllmRoutes:
             return ids
         return ids[:k] if body.truncation_side == "right" else ids[-k:]
 
-    def _inputs(self, body: ClassifyIn) -> list[tuple[str, str] | str | list[int]]:
+    def inputs(self, body: ClassifyIn) -> list[tuple[str, str] | str | list[int]]:
         if body.messages is not None:
             return [self.encoder.strip_pair(_messages_pair(body.messages))]
         x = body.input
@@ -170,15 +170,18 @@ def register(app: FastAPI, core: ScoringCore, encoder: Encoder) -> None:
         core.metrics.request("OK", time.perf_counter() - t0)
         return out
 
-    @app.post("/classify")
-    async def classify(body: ClassifyIn):
+    async def per_input(body: ClassifyIn, prefix: str, item) -> dict:
+        """/classify and /pooling: one `item(index, reward)` per input (text, ids or the conversation)."""
         async def work():
             special = body.add_special_tokens if body.add_special_tokens is not None else body.messages is None
-            rewards, n = await routes.score(routes._inputs(body), body, special)
-            data = [{"index": i, "label": routes.label, "probs": [routes.activation(body, r)], "num_classes": 1}
-                    for i, r in enumerate(rewards)]
-            return routes.envelope("classify", data, n)
+            rewards, n = await routes.score(routes.inputs(body), body, special)
+            return routes.envelope(prefix, [item(i, r) for i, r in enumerate(rewards)], n)
         return await answer(work)
+
+    @app.post("/classify")
+    async def classify(body: ClassifyIn):
+        return await per_input(body, "classify", lambda i, r: {
+            "index": i, "label": routes.label, "probs": [routes.activation(body, r)], "num_classes": 1})
 
     @app.post("/score")
     async def score(body: ScoreIn):
@@ -192,13 +195,6 @@ def register(app: FastAPI, core: ScoringCore, encoder: Encoder) -> None:
 
     @app.post("/pooling")
     async def pooling(body: PoolingIn):
-        async def work():
-            special = body.add_special_tokens if body.add_special_tokens is not None else body.messages is None
-            rewards, n = await routes.score(routes._inputs(body), body, special)
-            # vLLM's pooling output of a one-label sequence classifier: [value] per input; raw unless
-            # use_activation is true.
-            data = [{"index": i, "object": "pooling", "data": [r if not body.use_activation else
-                                                                routes.activation(body, r)]}
-                    for i, r in enumerate(rewards)]
-            return routes.envelope("pool", data, n)
-        return await answer(work)
+        # vLLM's pooling output of a one-label classifier: [value] per input, raw unless use_activation is true.
+        return await per_input(body, "pool", lambda i, r: {
+            "index": i, "object": "pooling", "data": [routes.activation(body, r) if body.use_activation else r]})
