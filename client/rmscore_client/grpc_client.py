@@ -124,8 +124,13 @@ class AsyncRewardClient(_AsyncClientBase):
         return (await self.info()).tokenizer_json
 
     async def health(self) -> Health:
-        """The standard gRPC health check for the RewardModel service (one replica answers)."""
-        from grpc_health.v1 import health_pb2, health_pb2_grpc
+        """The standard gRPC health check for the RewardModel service (one replica answers). Never
+        raises for an unhealthy or unreachable server: the answer says why."""
+        try:
+            from grpc_health.v1 import health_pb2, health_pb2_grpc
+        except ImportError as e:  # a dependency of rmscore-client, but an environment can lack it
+            return Health(False, f"cannot check: {e.name or 'grpc_health'} is not installed "
+                                 "(pip install grpcio-health-checking)")
 
         self._rpc()
         stub = health_pb2_grpc.HealthStub(self._channel)

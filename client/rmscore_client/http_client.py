@@ -87,7 +87,8 @@ class AsyncHttpRewardClient(_AsyncClientBase):
         body: dict = {"sequences": [{"tokens": s} for s in seqs], "truncation": truncation}
         if timeout_s is not None:
             body["timeout_ms"] = max(timeout_s * 1e3, 1.0)
-        j = (await self._request("POST", "/v1/score", timeout_s, json=body)).json()
+        # /rmscore/v1/score: /v1/score is the deprecated alias (vLLM clients read that path as vLLM's).
+        j = (await self._request("POST", "/rmscore/v1/score", timeout_s, json=body)).json()
         t = j.get("timings") or {}
         return (j["scores"], j.get("model_version", ""),
                 (t.get("total_ms", 0.0), t.get("inference_ms", 0.0), t.get("queue_ms", 0.0)))

@@ -35,7 +35,7 @@ async def with_retry(fn: Callable[[float | None], Awaitable[T]], timeout_s: floa
             return await fn(left), attempt
         except RewardServerError as e:
             e.attempts = attempt
-            if not e.retryable or attempt >= retry.max_attempts:
+            if not e.retryable or not retry.retries_after(attempt, deadline is not None):
                 raise
             pause = retry.backoff(attempt)
             if deadline is not None and time.monotonic() + pause >= deadline:

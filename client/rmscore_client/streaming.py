@@ -39,6 +39,10 @@ class _Stream:
         self.results: asyncio.Queue = asyncio.Queue()  # (id, score | error), a _Fail, or _DONE
         self.deadline: float | None = None  # of the whole stream; its clock starts at the first read
 
+    def _deadline_bound(self) -> bool:
+        """A deadline (the stream's, or each item's: the client's timeout_s) ends retrying anyway."""
+        return self.deadline is not None or self.client.timeout_s is not None
+
     async def run(self) -> AsyncIterator[tuple[Any, Any]]:
         self.deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         tasks = [asyncio.create_task(c) for c in self._tasks()]
@@ -171,7 +175,7 @@ class GrpcStream(_Stream):
             self.failures += 1
             err.attempts = self.failures
             self.client.stream_restarts += 1
-            if not err.retryable or self.failures >= self.retry.max_attempts:
+            if not err.retryable or not self.retry.retries_after(self.failures, self._deadline_bound()):
                 self.results.put_nowait(_Fail(err))
                 return
             await asyncio.sleep(self.retry.backoff(self.failures))
@@ -210,7 +214,7 @@ class GrpcStream(_Stream):
             self.results.put_nowait((sent.caller_id, resp.score))
             return
         err = from_status_number(resp.error.code, resp.error.message, attempts=sent.attempts, item_id=sent.caller_id)
-        if err.retryable and sent.attempts < self.retry.max_attempts:
+        if err.retryable and self.retry.retries_after(sent.attempts, self._deadline_bound()):
             sent.attempts += 1
             if err.code == "UNAVAILABLE":  # this replica is draining: go to another
                 raise _Reconnect(err)

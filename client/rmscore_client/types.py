@@ -6,26 +6,38 @@ import random
 from dataclasses import dataclass, field
 
 
+#: Attempts of a call without a deadline under the default RetryPolicy (max_attempts=None).
+UNBOUNDED_ATTEMPTS = 5
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """Exponential backoff with full jitter, only for UNAVAILABLE and RESOURCE_EXHAUSTED.
 
     Attempt k (1-based) that failed retryably waits `uniform(0, min(max_backoff_s,
     initial_backoff_s * multiplier**(k-1)))` before the next. `max_attempts=1` turns
-    retries off. Scoring is idempotent, so re-sending a chunk is always safe: its
+    retries off; None (the default) retries until the call's deadline, so a replica restarting
+    (3-12 s here) within the call's timeout_s is waited out, or UNBOUNDED_ATTEMPTS times when the call
+    has no deadline. Scoring is idempotent, so re-sending a chunk is always safe: its
     scores land in the same positions whichever attempt answers.
     """
 
-    max_attempts: int = 5
+    max_attempts: int | None = None
     initial_backoff_s: float = 0.05
     max_backoff_s: float = 2.0
     multiplier: float = 2.0
 
     def __post_init__(self):
-        if self.max_attempts < 1:
+        if self.max_attempts is not None and self.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
         if self.initial_backoff_s < 0 or self.max_backoff_s < 0 or self.multiplier < 1:
             raise ValueError(f"bad backoff: {self}")
+
+    def retries_after(self, failed_attempt: int, deadline_bound: bool) -> bool:
+        """Whether attempt `failed_attempt` (1-based), which failed retryably, may be followed by another;
+        `deadline_bound`: a deadline ends the call anyway."""
+        limit = self.max_attempts if self.max_attempts is not None else None if deadline_bound else UNBOUNDED_ATTEMPTS
+        return limit is None or failed_attempt < limit
 
     def backoff(self, failed_attempt: int) -> float:
         cap = min(self.max_backoff_s, self.initial_backoff_s * self.multiplier ** (failed_attempt - 1))

@@ -1,6 +1,7 @@
-"""Adapters that plug rmscore into RLHF trainers.
+"""Adapters that plug rmscore into RLHF trainers (docs/frameworks/).
 
 - `rmscore_client.adapters.trl`: reward functions for TRL's GRPOTrainer (sync and async).
-- OpenRLHF needs no client code: point `--remote_rm_url` at the FastAPI server's
-  `/get_reward` (server_py/rmscore/frontends/openrlhf.py, see docs/client.md).
+- `rmscore_client.adapters.verl`: verl's custom reward function, `compute_score` (sync and async).
+- OpenRLHF and vLLM-style clients need no client code: they talk to the FastAPI server's
+  `/get_reward` and `/classify`, `/score`, `/pooling` routes.
 """

@@ -1,14 +1,20 @@
 """Reward functions for TRL's `GRPOTrainer` (and the trainers that share its reward interface).
 
-TRL calls each entry of `reward_funcs` as
+TRL (checked against 1.16.0, trl/trainer/grpo_trainer.py `_calculate_rewards`) calls each entry of
+`reward_funcs` as
 
     reward_func(prompts=prompts, completions=completions, completion_ids=completion_ids, **reward_kwargs)
 
-(`reward_kwargs`: the dataset's other columns plus `trainer_state`) and expects one float per
-completion; it names the function by `__name__`. A function that `asyncio.iscoroutinefunction`
-recognizes is awaited on TRL's own event loop, concurrently with the other async reward
-functions. Prompts and completions are strings, or for conversational datasets lists of
-message dicts (`[{"role": "assistant", "content": "..."}]`); the contents are joined.
+(`reward_kwargs`: the dataset's other columns plus `trainer_state`), expects one float or None
+(read as NaN, skipped) per completion, and names the function by `__name__`. One for which
+`trl.trainer.utils.is_async_callable` is true (a coroutine function, or an object with an async
+`__call__`) is awaited on TRL's own event loop, concurrently with the other async reward functions.
+Prompts and completions are strings, or for conversational datasets lists of message dicts
+(`[{"role": "assistant", "content": "..."}]`); the contents are joined.
+
+Both reward objects pickle (TRL's experimental AsyncGRPOTrainer sends `reward_funcs` to a worker
+process): they hold the target and options, and build their client lazily, in the process (and,
+async, on the event loop) that calls them.
 
     from rmscore_client.adapters.trl import rmscore_reward, rmscore_async_reward
     trainer = GRPOTrainer(..., reward_funcs=[rmscore_reward("ipv4:10.0.0.1:50051,10.0.0.2:50051")])
@@ -18,15 +24,21 @@ message dicts (`[{"role": "assistant", "content": "..."}]`); the contents are jo
 from __future__ import annotations
 
 import asyncio
-import functools
+import logging
+import os
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..base import _AsyncClientBase
+from ..errors import RewardServerError
 from ..grpc_client import AsyncRewardClient
 from ..http_client import AsyncHttpRewardClient
 from ..sync import HttpRewardClient, RewardClient, _SyncClient
+
+log = logging.getLogger("rmscore_client.adapters.trl")
+ON_ERROR = ("raise", "none")
 
 
 def message_text(x: Any) -> str:
@@ -41,7 +53,9 @@ def message_text(x: Any) -> str:
         for m in x:
             if not isinstance(m, dict):
                 raise TypeError(f"expected a message dict, got {type(m).__name__}")
-            c = m.get("content", "")
+            c = m.get("content")
+            if c is None:  # a message without text (e.g. only tool calls) is empty, not the text "None"
+                c = ""
             if isinstance(c, list):
                 c = "".join(p.get("text", "") for p in c if isinstance(p, dict) and p.get("type", "text") == "text")
             parts.append(c if isinstance(c, str) else str(c))
@@ -57,94 +71,146 @@ def _pairs(prompts, completions, format_prompt, format_completion) -> tuple[list
     return [format_prompt(p) for p in prompts], [format_completion(c) for c in completions]
 
 
-class RMScoreReward:
-    """A synchronous TRL reward function backed by a `RewardClient` (or `HttpRewardClient`).
+class _Reward:
+    """What both reward objects share: options, formatting, scaling, the on_error choice, pickling.
 
-    `client`: a client, or a gRPC target (`http=True`: a FastAPI base URL) to build one with
-    `client_kw`. Sequences too long for the model are cut from the left by default (`truncation`),
-    so one long rollout never stops training. `scale`/`shift` map the raw score."""
+    `client`: a gRPC target (`http=True`: a FastAPI base URL), built into a client with `client_kw`
+    where it is called; or a ready client (then the object does not pickle). Sequences too long for
+    the model are cut from the left by default (`truncation`), so one long rollout never stops
+    training. `scale`/`shift` map the raw score. `on_error="none"`: a call that still fails after
+    the client's retries (which by default last until its timeout_s) returns None for every
+    completion, which TRL reads as NaN and leaves out, instead of raising and ending the step."""
 
-    def __init__(self, client: _SyncClient | str, *, name: str = "rmscore", http: bool = False,
-                 truncation: str = "left", format_prompt: Callable[[Any], str] = message_text,
+    _client_attrs: tuple[str, ...] = ()
+
+    def __init__(self, client, *, name: str = "rmscore", http: bool = False, truncation: str = "left",
+                 format_prompt: Callable[[Any], str] = message_text,
                  format_completion: Callable[[Any], str] = message_text, scale: float = 1.0, shift: float = 0.0,
-                 **client_kw):
-        if isinstance(client, str):
-            client = (HttpRewardClient if http else RewardClient)(client, **client_kw)
-        self.client = client
+                 on_error: str = "raise", **client_kw):
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        self.target, self.fixed = (client, None) if isinstance(client, str) else (None, client)
+        self.http, self.client_kw = http, client_kw
         self.__name__ = name
         self.truncation = truncation
         self.format_prompt, self.format_completion = format_prompt, format_completion
-        self.scale, self.shift = scale, shift
+        self.scale, self.shift, self.on_error = scale, shift, on_error
         self.last_result = None  # the ScoreResult of the latest call (timings, model version)
 
-    def __call__(self, prompts: Sequence | None = None, completions: Sequence = (), **kwargs) -> list[float]:
+    def _rewards(self, result) -> list[float]:
+        self.last_result = result
+        return [s * self.scale + self.shift for s in result.scores]
+
+    def _failed(self, e: RewardServerError, n: int) -> list[None]:
+        if self.on_error == "raise":
+            raise e
+        log.warning("%s: scoring %d completions failed (%s: %s); returning None for each", self.__name__, n,
+                    e.code, e.message)
+        return [None] * n
+
+    def __getstate__(self):
+        if self.fixed is not None:
+            raise TypeError(f"{self!r} was built from a client object, which cannot be pickled; "
+                            "build it from a target string to send it to another process")
+        state = dict(self.__dict__)
+        for attr in self._client_attrs:
+            state.pop(attr, None)
+        state["last_result"] = None
+        return state
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.__name__!r})"
+
+
+class RMScoreReward(_Reward):
+    """A synchronous TRL reward function backed by a `RewardClient` (or `HttpRewardClient`); see `_Reward`."""
+
+    _client_attrs = ("_client", "_client_pid", "_lock")
+
+    @property
+    def client(self) -> _SyncClient:
+        """This process's client, built on first use (a forked or unpickled copy builds its own)."""
+        if self.fixed is not None:
+            return self.fixed
+        if getattr(self, "_client_pid", None) != os.getpid():
+            self.__dict__.setdefault("_lock", threading.Lock())
+            with self._lock:
+                if getattr(self, "_client_pid", None) != os.getpid():
+                    self._client = (HttpRewardClient if self.http else RewardClient)(self.target, **self.client_kw)
+                    self._client_pid = os.getpid()
+        return self._client
+
+    def __call__(self, prompts: Sequence | None = None, completions: Sequence = (), **kwargs) -> list:
         p, c = _pairs(prompts, completions, self.format_prompt, self.format_completion)
         if not c:
             return []
-        self.last_result = r = self.client.score_texts(p, c, truncation=self.truncation)
-        return [s * self.scale + self.shift for s in r.scores]
+        try:
+            return self._rewards(self.client.score_texts(p, c, truncation=self.truncation))
+        except RewardServerError as e:
+            return self._failed(e, len(c))
 
     def close(self) -> None:
-        self.client.close()
-
-    def __repr__(self) -> str:
-        return f"RMScoreReward({self.__name__!r})"
-
-
-def rmscore_reward(client: _SyncClient | str, **kw) -> RMScoreReward:
-    """A synchronous reward function for `GRPOTrainer(reward_funcs=[...])`; see `RMScoreReward`."""
-    return RMScoreReward(client, **kw)
+        if self.fixed is not None or getattr(self, "_client_pid", None) == os.getpid():
+            self.client.close()
+            self.__dict__.pop("_client_pid", None)
 
 
-def rmscore_async_reward(client: _AsyncClientBase | str | Callable[[], _AsyncClientBase], *,
-                         name: str = "rmscore", http: bool = False, truncation: str = "left",
-                         format_prompt: Callable[[Any], str] = message_text,
-                         format_completion: Callable[[Any], str] = message_text, scale: float = 1.0,
-                         shift: float = 0.0, **client_kw):
-    """An async reward function (a real coroutine function, as TRL's `asyncio.iscoroutinefunction`
-    check needs) for `GRPOTrainer(reward_funcs=[...])`.
+class RMScoreAsyncReward(_Reward):
+    """An async TRL reward function (an object with an async `__call__`, which TRL's
+    `is_async_callable` accepts). A gRPC aio channel belongs to one event loop, so one client is
+    built per loop that awaits it (TRL's reward loop), lazily. `client` may also be a zero-argument
+    factory of an async client (picklable when it is a module-level function)."""
 
-    `client`: a gRPC target (`http=True`: a FastAPI base URL), or a zero-argument factory of an
-    async client. A gRPC aio channel belongs to one event loop, so the client is built lazily on
-    the loop that awaits the function (TRL's reward loop), once per loop."""
-    if isinstance(client, _AsyncClientBase):
-        fixed = client
-        factory = None
-    else:
-        fixed = None
-        if isinstance(client, str):
-            cls = AsyncHttpRewardClient if http else AsyncRewardClient
-            factory = functools.partial(cls, client, **client_kw)
-        else:
-            factory = client
-    per_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    _client_attrs = ("_per_loop",)
 
-    def client_for_loop() -> _AsyncClientBase:
-        if fixed is not None:
-            return fixed
+    def __init__(self, client, **kw):
+        super().__init__(client if isinstance(client, (str, _AsyncClientBase)) else None, **kw)
+        self.factory = None if isinstance(client, (str, _AsyncClientBase)) else client
+        # asyncio.iscoroutinefunction (TRL before is_async_callable, Python 3.11) reads this marker.
+        if hasattr(asyncio.coroutines, "_is_coroutine"):
+            self._is_coroutine = asyncio.coroutines._is_coroutine
+
+    def client_for_loop(self) -> _AsyncClientBase:
+        if self.fixed is not None:
+            return self.fixed
+        per_loop = self.__dict__.setdefault("_per_loop", weakref.WeakKeyDictionary())
         loop = asyncio.get_running_loop()
         c = per_loop.get(loop)
         if c is None:
-            c = per_loop[loop] = factory()
+            if self.factory is not None:
+                c = self.factory()
+            else:
+                c = (AsyncHttpRewardClient if self.http else AsyncRewardClient)(self.target, **self.client_kw)
+            per_loop[loop] = c
         return c
 
-    async def reward(prompts: Sequence | None = None, completions: Sequence = (), **kwargs) -> list[float]:
-        p, c = _pairs(prompts, completions, format_prompt, format_completion)
+    async def __call__(self, prompts: Sequence | None = None, completions: Sequence = (), **kwargs) -> list:
+        p, c = _pairs(prompts, completions, self.format_prompt, self.format_completion)
         if not c:
             return []
-        r = await client_for_loop().score_texts(p, c, truncation=truncation)
-        reward.last_result = r
-        return [s * scale + shift for s in r.scores]
+        try:
+            return self._rewards(await self.client_for_loop().score_texts(p, c, truncation=self.truncation))
+        except RewardServerError as e:
+            return self._failed(e, len(c))
 
-    async def aclose() -> None:
-        for c in list(per_loop.values()) + ([fixed] if fixed else []):
+    async def aclose(self) -> None:
+        """Close the client of the running loop (or the fixed one)."""
+        if self.fixed is not None:
+            await self.fixed.close()
+            return
+        c = self.__dict__.get("_per_loop", {}).pop(asyncio.get_running_loop(), None)
+        if c is not None:
             await c.close()
 
-    reward.__name__ = reward.__qualname__ = name
-    reward.last_result = None
-    reward.client_for_loop = client_for_loop
-    reward.aclose = aclose
-    return reward
+
+def rmscore_reward(client: _SyncClient | str, **kw) -> RMScoreReward:
+    """A synchronous reward function for `GRPOTrainer(reward_funcs=[...])`; see `_Reward`."""
+    return RMScoreReward(client, **kw)
 
 
-__all__ = ["RMScoreReward", "rmscore_reward", "rmscore_async_reward", "message_text"]
+def rmscore_async_reward(client: _AsyncClientBase | str | Callable[[], _AsyncClientBase], **kw) -> RMScoreAsyncReward:
+    """An async reward function for `GRPOTrainer(reward_funcs=[...])`; see `RMScoreAsyncReward`."""
+    return RMScoreAsyncReward(client, **kw)
+
+
+__all__ = ["RMScoreReward", "RMScoreAsyncReward", "rmscore_reward", "rmscore_async_reward", "message_text"]

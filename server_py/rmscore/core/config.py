@@ -79,6 +79,31 @@ class ServeConfig:
     auth_token_file: pathlib.Path | None = None
     #: The token file's content, whitespace around it stripped; read once, at config time.
     auth_token: str | None = field(default=None, init=False, repr=False, compare=False)
+    # ---- framework text (py-http's /get_reward and vLLM pooling routes; frontends/reward_text.py) ----
+    #: Strings removed from every query and prompt before tokenizing: the policy's EOS, pad, template markers.
+    strip_strings: tuple[str, ...] = ()
+    #: Render each (prompt, response) pair with this chat template (a file, or `model`: the model
+    #: repository's hf/tokenizer_config.json chat_template) before tokenizing; None: encode(prompt, response).
+    chat_template: str | None = None
+    #: The compiled template of `chat_template`; made once, at config time.
+    chat_template_compiled: object = field(default=None, init=False, repr=False, compare=False)
+
+    def _check_text(self, check) -> None:
+        from rmscore.frontends import reward_text
+
+        for s in self.strip_strings:
+            check(isinstance(s, str) and s != "", "strip-string", "must be a non-empty string", s)
+        for flag, value in (("strip-string", self.strip_strings), ("chat-template", self.chat_template)):
+            check(not value or self.transport == "http", flag,
+                  "applies to the HTTP server's framework routes only; add --transport http", value)
+        if self.chat_template is None:
+            return
+        try:
+            compiled = reward_text.compile_chat_template(reward_text.load_chat_template(self.chat_template, self.model))
+        except Exception as e:  # noqa: BLE001 - unreadable or not a template: said with the value
+            check(False, "chat-template", f"not a usable chat template ({e})", self.chat_template)
+        object.__setattr__(self, "chat_template_compiled", compiled)
+    # ---- end of framework text ----
 
     def __post_init__(self) -> None:
         def check(ok: bool, flag: str, rule: str, value) -> None:
@@ -118,6 +143,7 @@ class ServeConfig:
         self._check_access(check)
         check((self.model / "manifest.json").is_file(), "model",
               "must be a model repository with manifest.json (create one with `rmscore export`)", str(self.model))
+        self._check_text(check)
 
     def _check_access(self, check) -> None:
         """Same rules and messages as the C++ server (server_cpp/src/config.cc)."""
@@ -185,6 +211,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-key-file", default=None, help="PEM private key of --tls-cert-file")
     p.add_argument("--auth-token-file", default=None,
                    help="file holding a shared bearer token required on every call but health")
+    _add_text_arguments(p)
+
+
+def _add_text_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--strip-string", action="append", default=[], dest="strip_strings", metavar="S",
+                   help="remove S from /get_reward and vLLM-route text before tokenizing (repeatable: EOS, pad)")
+    p.add_argument("--chat-template", default=None, metavar="FILE|model",
+                   help="render prompt/response pairs of those routes with this chat template "
+                        "(model: the model repository's own)")
 
 
 def from_args(a: argparse.Namespace) -> ServeConfig:
@@ -201,7 +236,8 @@ def from_args(a: argparse.Namespace) -> ServeConfig:
         max_connection_age_seconds=a.max_connection_age_seconds,
         max_connection_age_grace_seconds=a.max_connection_age_grace_seconds,
         tls_cert_file=_path("tls-cert-file", a.tls_cert_file), tls_key_file=_path("tls-key-file", a.tls_key_file),
-        auth_token_file=_path("auth-token-file", a.auth_token_file))
+        auth_token_file=_path("auth-token-file", a.auth_token_file),
+        strip_strings=tuple(getattr(a, "strip_strings", ())), chat_template=getattr(a, "chat_template", None))
 
 
 def _path(flag: str, value: str | None) -> pathlib.Path | None:

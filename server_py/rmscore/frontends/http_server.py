@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from rmscore.core.config import ServeConfig
 from rmscore.core.errors import UNAUTHENTICATED_MESSAGE, Code, ScoreError, bearer_matches
 from rmscore.core.validation import SeqInput
-from rmscore.frontends import openrlhf
+from rmscore.frontends import openrlhf, reward_text, vllm_api
 from rmscore.core.scoring import SERVING, ScoringCore, write_port_file
 from rmscore.frontends.drain import Drain
 from rmscore.frontends.http_errors import error_response, refusal
@@ -62,6 +62,10 @@ def _seq_input(s: SequenceIn) -> SeqInput:
     return SeqInput(tokens=s.tokens, text=text)
 
 
+#: rmscore's own scoring route; /v1/score, its path until 0.1, is vLLM's /score path in vLLM's API.
+SCORE_PATH = "/rmscore/v1/score"
+DEPRECATED_SCORE_PATH = "/v1/score"
+
 # A deadline further away than this is no deadline (1e308 ms overflowed asyncio's timer: a 500).
 NO_DEADLINE_MS = 365 * 24 * 3600 * 1e3
 
@@ -92,7 +96,7 @@ def create_app(core: ScoringCore) -> FastAPI:
                   "nested too deeply" if isinstance(cause, RecursionError) else exc.detail)
         return error_response(Code.INVALID_ARGUMENT, f"body: malformed JSON: {reason}")
 
-    @app.post("/v1/score", response_model=ScoreOut)
+    @app.post(SCORE_PATH, response_model=ScoreOut)
     async def score(body: ScoreIn):
         t0 = time.perf_counter()
         if body.timeout_ms is not None and body.timeout_ms > NO_DEADLINE_MS:  # as the C++ server reads it
@@ -112,6 +116,9 @@ def create_app(core: ScoringCore) -> FastAPI:
         core.metrics.request("OK", time.perf_counter() - t0)
         return {"scores": r.scores, "model_version": core.repo.version,
                 "timings": {"total_ms": r.total_ms, "inference_ms": r.inference_ms, "queue_ms": r.queue_ms}}
+
+    # The old path, until the next version: vLLM's pooling API has a /v1/score of another schema.
+    app.add_api_route(DEPRECATED_SCORE_PATH, score, methods=["POST"], response_model=ScoreOut, deprecated=True)
 
     @app.get("/v1/model")
     async def model():
@@ -134,8 +141,17 @@ def create_app(core: ScoringCore) -> FastAPI:
     async def metrics():
         return Response(generate_latest(core.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    openrlhf.register(app, core)  # POST /get_reward, OpenRLHF's remote reward protocol
+    register_framework_routes(app, core)
     return app
+
+
+def register_framework_routes(app: FastAPI, core: ScoringCore) -> None:
+    """The routes trainers' own clients speak (docs/frameworks/): OpenRLHF's POST /get_reward and
+    vLLM's pooling API (POST /classify, /score, /pooling), beside rmscore's own."""
+    encoder = reward_text.Encoder(core.tokenizer_json, core.repo.max_sequence_length, core.cfg.strip_strings,
+                                  core.cfg.chat_template_compiled)
+    openrlhf.register(app, core, encoder)
+    vllm_api.register(app, core, encoder)
 
 
 class _BodyTooLarge(Exception):

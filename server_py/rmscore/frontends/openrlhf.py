@@ -1,30 +1,27 @@
 """OpenRLHF's remote reward model protocol on the FastAPI server: `POST /get_reward`.
 
-OpenRLHF (`--remote_rm_url http://HOST:PORT/get_reward`) posts, from
-`openrlhf/utils/remote_rm_utils.py`:
+OpenRLHF (docs/frameworks/openrlhf.md gives the versions) posts
 
     {"query": [full text, ...], "prompts": [prompt text, ...], "labels": [label, ...]}
 
 where each `query` is the policy's prompt + response decoded back to text
-(`batch_decode(..., skip_special_tokens=False)`: the policy's own special and pad
-tokens are in it), `prompts` the prompts those queries start from, and `labels` the
-dataset's labels (unused by a reward model). It reads `rewards` from the answer;
-newer versions also read `scores` and `extra_logs`:
+(`skip_special_tokens=False`: the policy's own special and pad tokens are in it), `prompts` the
+prompts those queries start from, and `labels` the dataset's labels (unused by a reward model).
+Up to 0.9.0 one request carries a whole rollout batch (e.g. 8192 queries), split over several URLs
+with ceil(n/k), so a shard may be empty; since 0.9.1 one request carries one query. It reads
+`rewards` (newer versions also `scores` and `extra_logs`):
 
     {"rewards": [float, ...], "scores": [float, ...], "extra_logs": {}}
 
-How a query becomes one sequence for this model:
-- If its prompt occurs in the query, the text after the prompt's first occurrence
-  is the response, and the pair is tokenized as `encode(prompt, response)`, the
-  same as the `/v1/score` text path (what comes before the prompt, e.g. left
-  padding, is dropped). Anything after the response (EOS or pad strings of the
-  policy) stays in the response text.
-- Otherwise (no `prompts`, or the prompt is not in the query) the whole query is
-  tokenized as one segment, `encode(query)`.
-- Too long for `max_sequence_length`: a pair keeps its special tokens and whole
-  response and loses the start of its prompt; a response (or single query) that
-  alone is too long keeps its last `max_sequence_length` tokens.
-Errors use the same JSON shape and HTTP statuses as `/v1/score` (422, 429, 503, ...).
+How a query becomes one sequence (reward_text.py): the --strip-string strings are removed; if its
+prompt (or the prompt's tail, for a prompt cut from the left) occurs in it, it is scored as the pair
+(prompt, rest of the query), rendered with --chat-template when set; else as one segment, which
+is counted (rmscore_get_reward_sequences_total{format}) and logged, since the reward model then
+sees another text format than the other samples. An empty `query` is answered with empty lists.
+
+A request larger than the queue is fed to it in parts of max_sequences_per_request as earlier
+parts finish (`score_in_parts`), and answered once. Errors use the same JSON shape and HTTP
+statuses as /v1/score (422, 429, 503, ...).
 """
 
 from __future__ import annotations
@@ -36,10 +33,16 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict
 
-from rmscore.core.errors import ScoreError, invalid
+from rmscore.core.errors import Code, ScoreError, invalid
 from rmscore.core.validation import SeqInput, check_unicode
 from rmscore.core.scoring import ScoringCore
 from rmscore.frontends.http_errors import refusal
+from rmscore.frontends.reward_text import Encoder, split_query
+from rmscore.runtimes import progress
+
+FORMAT_METRIC = "rmscore_get_reward_sequences_total"
+#: At most one "scored as one segment" log line per this many seconds (0.9.1+ sends one query per request).
+LOG_EVERY_S = 10.0
 
 
 class GetRewardIn(BaseModel):
@@ -49,69 +52,98 @@ class GetRewardIn(BaseModel):
     labels: list[Any] | None = None
 
 
-def split_query(query: str, prompt: str | None) -> tuple[str, str] | None:
-    """(prompt, response) when the prompt occurs in the query, else None (score the query whole)."""
-    if not prompt:
-        return None
-    k = query.find(prompt)
-    if k < 0:
-        return None
-    return prompt, query[k + len(prompt):]
+class FormatCount:
+    """Counts pair vs one-segment sequences, and says so in the log when a query lost its pair form."""
+
+    def __init__(self, core: ScoringCore):
+        self.series = {f: core.metrics._child(FORMAT_METRIC, format=f) for f in ("pair", "one_segment")}
+        self.pending, self.seen, self.example, self.last_log = 0, 0, "", 0.0
+
+    def add(self, items: list, prompts_sent: bool) -> None:
+        single = [i for i, it in enumerate(items) if not isinstance(it, tuple)]
+        self.series["pair"].inc(len(items) - len(single))
+        self.series["one_segment"].inc(len(single))
+        if not (single and prompts_sent):  # no prompts sent: one segment is what the caller asked for
+            return
+        self.pending += len(single)
+        self.seen += len(items)
+        self.example = self.example or f"query[{single[0]}]"
+        now = time.monotonic()
+        if now - self.last_log >= LOG_EVERY_S:
+            progress(f"get_reward: {self.pending} of {self.seen} queries scored as one segment, not as a "
+                     f"prompt/response pair: their prompt is not in the query (e.g. {self.example}); "
+                     "see --strip-string and docs/frameworks/openrlhf.md")
+            self.pending, self.seen, self.example, self.last_log = 0, 0, "", now
 
 
-class _Encoder:
-    """The model's tokenizer in two settings: untruncated, and cutting a pair's prompt from the left."""
-
-    def __init__(self, tokenizer_json: str, max_len: int):
-        from tokenizers import Tokenizer
-
-        self.max_len = max_len
-        self.plain = Tokenizer.from_str(tokenizer_json)
-        self.plain.no_padding()
-        self.plain.no_truncation()
-        self.cut_prompt = Tokenizer.from_str(tokenizer_json)
-        self.cut_prompt.no_padding()
-        self.cut_prompt.enable_truncation(max_len, strategy="only_first", direction="left")
-
-    def encode(self, items: list[tuple[str, str] | str]) -> list[list[int]]:
-        out = []
-        for it in items:
-            ids = (self.plain.encode(*it) if isinstance(it, tuple) else self.plain.encode(it)).ids
-            if len(ids) > self.max_len and isinstance(it, tuple):
-                try:
-                    ids = self.cut_prompt.encode(*it).ids
-                except Exception:  # noqa: BLE001 - the response alone is too long: left cut below
-                    pass
-            out.append(ids[-self.max_len:] if len(ids) > self.max_len else ids)
-        return out
+def parse(body: GetRewardIn, encoder: Encoder) -> list[tuple[str, str] | str]:
+    """Each query as a (prompt, response) pair or one segment; ScoreError INVALID_ARGUMENT."""
+    if body.prompts is not None and len(body.prompts) != len(body.query):
+        raise invalid(f"prompts: {len(body.prompts)} prompts for {len(body.query)} queries")
+    items: list[tuple[str, str] | str] = []
+    for i, raw in enumerate(body.query):
+        check_unicode(raw, f"query[{i}]")  # the tokenizer takes no unpaired surrogate (JSON "\\ud800")
+        if body.prompts is not None:
+            check_unicode(body.prompts[i], f"prompts[{i}]")
+        q = encoder.strip(raw)
+        pair = split_query(q, encoder.strip(body.prompts[i]) if body.prompts is not None else None)
+        if (pair is None and not q) or (pair is not None and not (pair[0] or pair[1])):
+            raise invalid(f"query[{i}]: empty query")
+        items.append(q if pair is None else pair)
+    return items
 
 
-def register(app: FastAPI, core: ScoringCore) -> None:
-    encoder = _Encoder(core.tokenizer_json, core.repo.max_sequence_length)
+async def score_in_parts(core: ScoringCore, ids: list[list[int]]) -> list[float]:
+    """Scores of `ids`, in order, queued in parts of max_sequences_per_request: a part the queue has
+    no room for waits until one of this request's earlier parts is answered. When none of them is
+    left to wait for (the queue is full of other work) or any part fails, every part still queued
+    is cancelled and the error raised, so a refused request costs the server nothing more."""
+    m = core.cfg.max_sequences_per_request
+    tasks: list[asyncio.Task] = []
+    try:
+        for k in range(0, len(ids), m):
+            part = [SeqInput(tokens=x) for x in ids[k:k + m]]
+            while True:
+                task = asyncio.ensure_future(core.score(part, "left", None))
+                # core.score queues token ids before its first await: one turn of the loop later the
+                # part is either in the queue or refused.
+                await asyncio.sleep(0)
+                err = task.exception() if task.done() else None
+                if err is None:
+                    tasks.append(task)
+                    break
+                waiting = [t for t in tasks if not t.done()]
+                if not (isinstance(err, ScoreError) and err.code == Code.RESOURCE_EXHAUSTED and waiting):
+                    raise err
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                for t in waiting:
+                    if t.done() and t.exception() is not None:
+                        raise t.exception()
+        results = await asyncio.gather(*tasks)
+    except BaseException:  # refused, failed, or the client went away (cancelled): drop what is queued
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    return [float(s) for r in results for s in r.scores]
+
+
+def register(app: FastAPI, core: ScoringCore, encoder: Encoder) -> None:
+    formats = FormatCount(core)
 
     @app.post("/get_reward")
     async def get_reward(body: GetRewardIn):
         t0 = time.perf_counter()
         try:
-            if body.prompts is not None and len(body.prompts) != len(body.query):
-                raise invalid(f"prompts: {len(body.prompts)} prompts for {len(body.query)} queries")
-            items: list[tuple[str, str] | str] = []
-            for i, q in enumerate(body.query):
-                pair = split_query(q, body.prompts[i] if body.prompts is not None else None)
-                if (pair is None and not q) or (pair is not None and not (pair[0] or pair[1])):
-                    raise invalid(f"query[{i}]: empty query")
-                check_unicode(q, f"query[{i}]")  # the tokenizer takes no unpaired surrogate (JSON "\\ud800")
-                items.append(q if pair is None else pair)
-            if not items:
-                raise invalid("query: empty request, send at least one query")
+            items = parse(body, encoder)
+            if not items:  # an empty shard of ceil(n/k) over k URLs: nothing to score
+                core.metrics.request("OK", time.perf_counter() - t0)
+                return {"rewards": [], "scores": [], "extra_logs": {}}
             core.check_ready()
             ids = await asyncio.to_thread(encoder.encode, items)
-            # One OpenRLHF batch may exceed max_sequences_per_request: score it in parts, in order.
-            m = core.cfg.max_sequences_per_request
-            parts = await asyncio.gather(*(core.score([SeqInput(tokens=x) for x in ids[k:k + m]], "left", None)
-                                           for k in range(0, len(ids), m)))
+            formats.add(items, body.prompts is not None)
+            scores = await score_in_parts(core, ids)
         except ScoreError as e:
             return refusal(core, e, t0)
         core.metrics.request("OK", time.perf_counter() - t0)
-        scores = [float(s) for part in parts for s in part.scores]
         return {"rewards": scores, "scores": scores, "extra_logs": {}}

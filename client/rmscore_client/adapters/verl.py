@@ -1,0 +1,102 @@
+"""verl custom reward functions backed by rmscore: `compute_score` (sync) and `compute_score_async`.
+
+verl (checked against volcengine/verl main at b178a3cd, 0.8.0.dev, 2026-01-29; docs/frameworks/verl.md)
+loads a custom reward function from a file (`custom_reward_function.path` / `.name`), binds
+`custom_reward_function.reward_kwargs` to it, and its reward managers call it once per sample as
+
+    compute_score(data_source=..., solution_str=response, ground_truth=..., extra_info=..., **reward_kwargs)
+
+the sync one directly (workers/reward_manager/naive.py) or in an executor thread, the async one
+(`inspect.iscoroutinefunction`) awaited on the reward loop (experimental/reward_loop/reward_manager/
+naive.py). verl passes the decoded response only: the prompt comes from the sample's `extra_info`
+(verl's own data preprocessing stores it there, e.g. `extra_info["question"]` for GSM8K), under
+`prompt_key`, or the first of PROMPT_KEYS present. A sample without one is an error, never scored
+as a response alone: that would be another text format than the model was trained on.
+
+reward_kwargs (all optional but the target):
+    target: gRPC target, or the FastAPI base URL with http: true (default: $RMSCORE_TARGET)
+    http: false; prompt_key: null; truncation: left; timeout_s: 30; scale: 1.0; shift: 0.0
+
+Clients are built lazily and reused: one per process for the sync function, one per event loop
+for the async one (a gRPC aio channel belongs to the loop it was made on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import weakref
+from typing import Any
+
+from ..grpc_client import AsyncRewardClient
+from ..http_client import AsyncHttpRewardClient
+from ..sync import HttpRewardClient, RewardClient
+from .trl import message_text
+
+PROMPT_KEYS = ("prompt", "question", "problem")
+
+_sync_clients: dict[tuple, Any] = {}
+_sync_lock = threading.Lock()
+_loop_clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def prompt_of(extra_info: dict | None, prompt_key: str | None = None) -> str:
+    """The sample's prompt text from verl's `extra_info` (a string or a list of chat messages)."""
+    info = extra_info or {}
+    keys = (prompt_key,) if prompt_key else PROMPT_KEYS
+    for k in keys:
+        if info.get(k) is not None:
+            return message_text(info[k])
+    raise ValueError(f"extra_info has no prompt under {' or '.join(map(repr, keys))} (keys: {sorted(info)}); "
+                     "store the prompt there in the data preprocessing, or set reward_kwargs.prompt_key")
+
+
+def _target(target: str | None) -> str:
+    t = target or os.environ.get("RMSCORE_TARGET")
+    if not t:
+        raise ValueError("no rmscore server: set custom_reward_function.reward_kwargs.target or $RMSCORE_TARGET")
+    return t
+
+
+def _sync_client(target: str, http: bool, timeout_s: float):
+    key = (os.getpid(), target, http, timeout_s)
+    with _sync_lock:
+        c = _sync_clients.get(key)
+        if c is None:
+            c = _sync_clients[key] = (HttpRewardClient if http else RewardClient)(target, timeout_s=timeout_s)
+        return c
+
+
+def _async_client(target: str, http: bool, timeout_s: float):
+    per_loop = _loop_clients.setdefault(asyncio.get_running_loop(), {})
+    key = (target, http, timeout_s)
+    c = per_loop.get(key)
+    if c is None:
+        c = per_loop[key] = (AsyncHttpRewardClient if http else AsyncRewardClient)(target, timeout_s=timeout_s)
+    return c
+
+
+def compute_score(data_source: Any = None, solution_str: str = "", ground_truth: Any = None,
+                  extra_info: dict | None = None, *, target: str | None = None, http: bool = False,
+                  prompt_key: str | None = None, truncation: str = "left", timeout_s: float = 30.0,
+                  scale: float = 1.0, shift: float = 0.0, **_verl_kwargs) -> float:
+    """The reward of `solution_str` for the prompt in `extra_info`. verl's other arguments
+    (data_source, ground_truth, reward_router_address, ...) are accepted and unused."""
+    prompt = prompt_of(extra_info, prompt_key)
+    client = _sync_client(_target(target), http, timeout_s)
+    return client.score_texts([prompt], [solution_str], truncation=truncation).scores[0] * scale + shift
+
+
+async def compute_score_async(data_source: Any = None, solution_str: str = "", ground_truth: Any = None,
+                              extra_info: dict | None = None, *, target: str | None = None, http: bool = False,
+                              prompt_key: str | None = None, truncation: str = "left", timeout_s: float = 30.0,
+                              scale: float = 1.0, shift: float = 0.0, **_verl_kwargs) -> float:
+    """`compute_score` for verl's async reward loop: awaited there, on a client of that loop."""
+    prompt = prompt_of(extra_info, prompt_key)
+    client = _async_client(_target(target), http, timeout_s)
+    r = await client.score_texts([prompt], [solution_str], truncation=truncation)
+    return r.scores[0] * scale + shift
+
+
+__all__ = ["compute_score", "compute_score_async", "prompt_of", "PROMPT_KEYS"]

@@ -1,0 +1,129 @@
+"""How the FastAPI server's framework routes (OpenRLHF's /get_reward, the vLLM pooling routes) turn
+a trainer's text into this reward model's token ids.
+
+Trainers send text in the *policy's* format: OpenRLHF decodes prompt + response with
+`skip_special_tokens=False`, so the policy's chat template, EOS and pad strings are in it. Two
+per-server options (core/config.py, "framework text") bring it to the reward model's format:
+- `--strip-string S` (repeatable): every occurrence of S is removed from queries and prompts
+  before anything else (EOS, pad, template markers of the policy).
+- `--chat-template FILE|model`: a (prompt, response) pair is rendered with the reward model's own
+  chat template as a user and an assistant message, then tokenized as one text without added
+  special tokens (the template writes its own); `model` takes `chat_template` from the model
+  repository's hf/tokenizer_config.json.
+
+A pair without a template is `encode(prompt, response)`, the same as the /v1/score text path.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+#: The shortest tail of a prompt that counts as "the prompt, cut from the left" in a query: shorter
+#: tails (a word, a space) would match by chance anywhere.
+MIN_PROMPT_TAIL = 16
+
+
+def load_chat_template(spec: str, model: pathlib.Path) -> str:
+    """The template text of `--chat-template` (a file, or `model`); ValueError says why not."""
+    if spec == "model":
+        import json
+
+        path = model / "hf" / "tokenizer_config.json"
+        try:
+            text = json.loads(path.read_text()).get("chat_template")
+        except (OSError, ValueError) as e:
+            raise ValueError(f"cannot read {path}: {e}") from None
+        if not isinstance(text, str) or not text:
+            raise ValueError(f"{path} has no chat_template")
+        return text
+    try:
+        return pathlib.Path(spec).read_text()
+    except OSError as e:
+        raise ValueError(f"cannot read the file: {e.strerror}") from None
+
+
+def compile_chat_template(text: str):
+    """A Jinja template in Hugging Face's chat-template dialect (sandboxed, as transformers renders it)."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(text)
+
+
+def split_query(query: str, prompt: str | None) -> tuple[str, str] | None:
+    """(prompt, response) when the query holds the prompt, else None (score the query as one segment).
+
+    The response is the text after the prompt's first occurrence (what comes before it, e.g. left
+    padding, is dropped). A prompt cut from the left (OpenRLHF keeps the last prompt_max_len tokens
+    of a long prompt) is found by its longest tail that occurs in the query, at least
+    MIN_PROMPT_TAIL characters; the pair keeps the whole prompt."""
+    if not prompt:
+        return None
+    k = query.find(prompt)
+    if k >= 0:
+        return prompt, query[k + len(prompt):]
+    # A tail that occurs implies every shorter tail occurs: binary search for the longest one.
+    lo, hi = 0, len(prompt) - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if prompt[-mid:] in query:
+            lo = mid
+        else:
+            hi = mid - 1
+    if lo < min(MIN_PROMPT_TAIL, len(prompt)):
+        return None
+    tail = prompt[-lo:]
+    return prompt, query[query.find(tail) + lo:]
+
+
+class Encoder:
+    """The model's tokenizer as the framework routes use it: strings stripped, the optional chat
+    template, and cuts to max_sequence_length that never stop training: a pair loses the start of
+    its prompt first; a text that alone is too long keeps its last max_len tokens."""
+
+    def __init__(self, tokenizer_json: str, max_len: int, strip: tuple[str, ...] = (), chat_template=None):
+        from tokenizers import Tokenizer
+
+        self.max_len = max_len
+        self.strip_strings = tuple(s for s in strip if s)
+        self.template = chat_template  # a compiled template, or None
+        self.plain = Tokenizer.from_str(tokenizer_json)
+        self.plain.no_padding()
+        self.plain.no_truncation()
+        self.cut_prompt = Tokenizer.from_str(tokenizer_json)
+        self.cut_prompt.no_padding()
+        self.cut_prompt.enable_truncation(max_len, strategy="only_first", direction="left")
+
+    def strip(self, text: str) -> str:
+        for s in self.strip_strings:
+            text = text.replace(s, "")
+        return text
+
+    def strip_pair(self, pair: tuple[str, str]) -> tuple[str, str]:
+        return self.strip(pair[0]), self.strip(pair[1])
+
+    def render(self, prompt: str, response: str) -> str:
+        messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+        return self.template.render(messages=messages, add_generation_prompt=False, bos_token="", eos_token="")
+
+    def encode_one(self, item: tuple[str, str] | str, add_special_tokens: bool = True) -> list[int]:
+        if isinstance(item, tuple) and self.template is not None:
+            ids = self.plain.encode(self.render(*item), add_special_tokens=False).ids
+        elif isinstance(item, tuple):
+            ids = self.plain.encode(*item).ids
+            if len(ids) > self.max_len:
+                try:
+                    ids = self.cut_prompt.encode(*item).ids
+                except Exception:  # noqa: BLE001 - the response alone is too long: left cut below
+                    pass
+        else:
+            ids = self.plain.encode(item, add_special_tokens=add_special_tokens).ids
+        return ids[-self.max_len:] if len(ids) > self.max_len else ids
+
+    def encode(self, items: list[tuple[str, str] | str]) -> list[list[int]]:
+        return [self.encode_one(it) for it in items]

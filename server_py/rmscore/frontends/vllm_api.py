@@ -1,0 +1,200 @@
+"""vLLM's pooling API on the FastAPI server: `POST /classify`, `/score` (and `/v1/...` of both is
+not taken: rmscore's deprecated /v1/score alias holds it for one version), `/pooling`.
+
+The request and response schemas are vLLM's (vllm/entrypoints/pooling/{classify,score,pooling}/
+protocol.py and base/protocol.py; docs/frameworks/vllm-api.md cites the commits), so a client
+written for a vLLM reward or cross-encoder server works unchanged. Unknown fields are accepted and
+ignored, as vLLM's OpenAIBaseModel does. What differs, on purpose:
+- a reward model has one output: `num_classes` is 1 and `probs` one value; with vLLM's default
+  `use_activation` (None, i.e. true) it is sigmoid(reward), with `use_activation: false` the raw
+  reward rmscore's own route returns;
+- text too long for the model is cut (from the left, or `truncation_side`) instead of refused, so one
+  long rollout never stops training; `truncate_prompt_tokens` cuts to that many tokens;
+- errors use rmscore's JSON error shape and statuses (422 for a malformed request).
+Text goes through reward_text.Encoder, so --strip-string and --chat-template apply here too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, Field
+
+from rmscore.core.errors import ScoreError, invalid
+from rmscore.core.scoring import ScoringCore
+from rmscore.core.validation import check_unicode
+from rmscore.frontends.http_errors import refusal
+from rmscore.frontends.openrlhf import score_in_parts
+from rmscore.frontends.reward_text import Encoder
+
+
+class _VllmRequest(BaseModel):
+    """PoolingBasicRequestMixin + ClassifyRequestMixin: the fields every pooling request has."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    user: str | None = None
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    request_id: str | None = None
+    priority: int = 0
+    use_activation: bool | None = None
+
+
+class ClassifyIn(_VllmRequest):
+    """ClassificationCompletionRequest (`input`) or ClassificationChatRequest (`messages`)."""
+
+    input: list[int] | list[list[int]] | str | list[str] | None = None
+    messages: list[dict[str, Any]] | None = None
+    add_special_tokens: bool | None = None  # vLLM: True for `input`, False for `messages`
+
+
+class PoolingIn(ClassifyIn):
+    task: str | None = None
+
+
+ScoreInputs = str | list[str]
+
+
+class ScoreIn(_VllmRequest):
+    """ScoreTextRequest (text_1/text_2) and its spellings data_1/data_2, queries/documents, queries/items."""
+
+    text_1: ScoreInputs | None = None
+    text_2: ScoreInputs | None = None
+    data_1: ScoreInputs | None = None
+    data_2: ScoreInputs | None = None
+    queries: ScoreInputs | None = None
+    documents: ScoreInputs | None = None
+    items: ScoreInputs | None = None
+
+    def sides(self) -> tuple[list[str], list[str]]:
+        for a, b in (("text_1", "text_2"), ("data_1", "data_2"), ("queries", "documents"), ("queries", "items")):
+            one, two = getattr(self, a), getattr(self, b)
+            if one is not None and two is not None:
+                return ([one] if isinstance(one, str) else one), ([two] if isinstance(two, str) else two)
+        raise invalid("body: send text_1 and text_2 (or data_1/data_2, queries/documents, queries/items)")
+
+
+def _pairs(first: list[str], second: list[str]) -> list[tuple[str, str]]:
+    """vLLM's score pairing: one first text against each second text, or both lists pairwise."""
+    if not first or not second:
+        raise invalid("text_1/text_2: empty input")
+    if len(first) == 1:
+        first = first * len(second)
+    if len(first) != len(second):
+        raise invalid(f"text_1/text_2: {len(first)} first texts for {len(second)} second texts; send one "
+                      "first text or as many as second texts")
+    return list(zip(first, second))
+
+
+def _messages_pair(messages: list[dict[str, Any]]) -> tuple[str, str]:
+    """A conversation as (everything before the last message, the last message): the last turn is
+    what the reward model judges."""
+    if not messages:
+        raise invalid("messages: empty conversation")
+    texts = []
+    for i, m in enumerate(messages):
+        c = m.get("content")
+        if isinstance(c, list):
+            c = "".join(p.get("text", "") for p in c if isinstance(p, dict))
+        if not isinstance(c, str):
+            raise invalid(f"messages[{i}].content: expected text")
+        texts.append(c)
+    return "\n\n".join(texts[:-1]), texts[-1]
+
+
+class VllmRoutes:
+    def __init__(self, core: ScoringCore, encoder: Encoder):
+        self.core, self.encoder = core, encoder
+        cfg = json.loads((core.repo.path / "hf" / "config.json").read_text()) \
+            if (core.repo.path / "hf" / "config.json").is_file() else {}
+        self.label = (cfg.get("id2label") or {}).get("0", "LABEL_0")
+
+    def _cut(self, ids: list[int], body: _VllmRequest) -> list[int]:
+        k = body.truncate_prompt_tokens
+        if k is None or k == -1 or len(ids) <= k:
+            return ids
+        return ids[:k] if body.truncation_side == "right" else ids[-k:]
+
+    def inputs(self, body: ClassifyIn) -> list[tuple[str, str] | str | list[int]]:
+        if body.messages is not None:
+            return [self.encoder.strip_pair(_messages_pair(body.messages))]
+        x = body.input
+        if x is None:
+            raise invalid("body: send input or messages")
+        if isinstance(x, str) or (isinstance(x, list) and x and isinstance(x[0], int)):
+            x = [x]
+        if not x:
+            raise invalid("input: empty input")
+        return [self.encoder.strip(s) if isinstance(s, str) else s for s in x]
+
+    async def score(self, items: list, body: _VllmRequest, add_special_tokens: bool = True) -> tuple[list, int]:
+        """Raw rewards of `items` (text, pairs or token ids) and their total token count."""
+        for i, it in enumerate(items):
+            for s in (it if isinstance(it, tuple) else (it,)):
+                if isinstance(s, str):
+                    check_unicode(s, f"input[{i}]")
+            if not it or it == ("", ""):
+                raise invalid(f"input[{i}]: empty input")
+        self.core.check_ready()
+        ids = await asyncio.to_thread(lambda: [list(it) if isinstance(it, list) else
+                                               self.encoder.encode_one(it, add_special_tokens) for it in items])
+        ids = [self._cut(x, body) for x in ids]
+        return await score_in_parts(self.core, ids), sum(len(x) for x in ids)
+
+    def envelope(self, prefix: str, data: list, tokens: int) -> dict:
+        return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+                "model": self.core.repo.name, "data": data,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
+                          "prompt_tokens_details": None}}
+
+    def activation(self, body: _VllmRequest, r: float) -> float:
+        return r if body.use_activation is False else 1.0 / (1.0 + math.exp(-r))
+
+
+def register(app: FastAPI, core: ScoringCore, encoder: Encoder) -> None:
+    routes = VllmRoutes(core, encoder)
+
+    async def answer(work):
+        t0 = time.perf_counter()
+        try:
+            out = await work()
+        except ScoreError as e:
+            return refusal(core, e, t0)
+        core.metrics.request("OK", time.perf_counter() - t0)
+        return out
+
+    async def per_input(body: ClassifyIn, prefix: str, item) -> dict:
+        """/classify and /pooling: one `item(index, reward)` per input (text, ids or the conversation)."""
+        async def work():
+            special = body.add_special_tokens if body.add_special_tokens is not None else body.messages is None
+            rewards, n = await routes.score(routes.inputs(body), body, special)
+            return routes.envelope(prefix, [item(i, r) for i, r in enumerate(rewards)], n)
+        return await answer(work)
+
+    @app.post("/classify")
+    async def classify(body: ClassifyIn):
+        return await per_input(body, "classify", lambda i, r: {
+            "index": i, "label": routes.label, "probs": [routes.activation(body, r)], "num_classes": 1})
+
+    @app.post("/score")
+    async def score(body: ScoreIn):
+        async def work():
+            pairs = [routes.encoder.strip_pair(p) for p in _pairs(*body.sides())]
+            rewards, n = await routes.score(pairs, body)
+            data = [{"index": i, "object": "score", "score": routes.activation(body, r)}
+                    for i, r in enumerate(rewards)]
+            return routes.envelope("score", data, n)
+        return await answer(work)
+
+    @app.post("/pooling")
+    async def pooling(body: PoolingIn):
+        # vLLM's pooling output of a one-label classifier: [value] per input, raw unless use_activation is true.
+        return await per_input(body, "pool", lambda i, r: {
+            "index": i, "object": "pooling", "data": [routes.activation(body, r) if body.use_activation else r]})

@@ -1,0 +1,95 @@
+"""vLLM's pooling API (/classify, /score, /pooling) on the FastAPI server, with vLLM's request and
+response schemas (docs/frameworks/vllm-api.md cites the vLLM source), and rmscore's own route moved
+to /rmscore/v1/score with /v1/score kept as its deprecated alias.
+
+The server is the default-flag one the client tests share (test_client.shared_server).
+"""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+import pytest
+
+from test_client import HTTP_KIND, assert_scores, local_tokenizer, ort_scores, shared_server
+
+PAIRS = [("Why is the sky blue?", "Because air scatters blue light more."), ("Name a prime number.", "Seven.")]
+
+
+@pytest.fixture(scope="module")
+def http():
+    s = shared_server(HTTP_KIND)
+    with httpx.Client(base_url=s.base_url, timeout=60) as c:
+        yield c
+
+
+def raw(pairs) -> list[float]:
+    return ort_scores([local_tokenizer().encode(p, r).ids for p, r in pairs])
+
+
+def sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def check_envelope(body: dict, prefix: str, n: int) -> None:
+    """vLLM's ClassificationResponse / ScoreResponse / PoolingResponse fields."""
+    assert set(body) == {"id", "object", "created", "model", "data", "usage"}
+    assert body["id"].startswith(prefix + "-") and body["object"] == "list" and isinstance(body["created"], int)
+    assert body["model"] == "default" and len(body["data"]) == n
+    assert [d["index"] for d in body["data"]] == list(range(n))
+    assert set(body["usage"]) == {"prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details"}
+    assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > 0
+
+
+def test_score_text_1_against_text_2(http):
+    want = raw(PAIRS)
+    r = http.post("/score", json={"model": "default", "text_1": [p for p, _ in PAIRS],
+                                  "text_2": [c for _, c in PAIRS]})
+    assert r.status_code == 200, r.text
+    check_envelope(r.json(), "score", 2)
+    assert all(d["object"] == "score" for d in r.json()["data"])
+    assert_scores([d["score"] for d in r.json()["data"]], [sigmoid(x) for x in want])
+    # One text_1 against several text_2, raw rewards with use_activation false.
+    r = http.post("/score", json={"text_1": PAIRS[0][0], "text_2": [PAIRS[0][1], "Seven."],
+                                  "use_activation": False, "truncate_prompt_tokens": -1})
+    assert r.status_code == 200, r.text
+    assert_scores([d["score"] for d in r.json()["data"]], raw([PAIRS[0], (PAIRS[0][0], "Seven.")]))
+
+
+def test_classify_and_pooling(http):
+    texts = ["a short text to score", "another one"]
+    want = ort_scores([local_tokenizer().encode(t).ids for t in texts])
+    r = http.post("/classify", json={"model": "default", "input": texts, "use_activation": False})
+    assert r.status_code == 200, r.text
+    check_envelope(r.json(), "classify", 2)
+    data = r.json()["data"]
+    assert all(set(d) == {"index", "label", "probs", "num_classes"} and d["num_classes"] == 1 for d in data)
+    assert_scores([d["probs"][0] for d in data], want)
+    r = http.post("/pooling", json={"input": texts[0]})
+    assert r.status_code == 200, r.text
+    check_envelope(r.json(), "pool", 1)
+    assert r.json()["data"][0]["object"] == "pooling"
+    assert_scores(r.json()["data"][0]["data"], want[:1])
+    # A conversation: the last message is judged against what came before it.
+    r = http.post("/classify", json={"messages": [{"role": "user", "content": PAIRS[1][0]},
+                                                  {"role": "assistant", "content": PAIRS[1][1]}]})
+    assert r.status_code == 200, r.text
+    assert_scores(r.json()["data"][0]["probs"], [sigmoid(raw([PAIRS[1]])[0])])
+
+
+def test_own_route_moved_and_old_path_kept_as_alias(http):
+    body = {"sequences": [{"prompt": p, "response": c} for p, c in PAIRS]}
+    new, old = http.post("/rmscore/v1/score", json=body), http.post("/v1/score", json=body)
+    assert new.status_code == old.status_code == 200
+    assert new.json()["scores"] == old.json()["scores"]
+    assert_scores(new.json()["scores"], raw(PAIRS))
+    ops = http.get("/openapi.json").json()["paths"]
+    assert ops["/v1/score"]["post"].get("deprecated") is True and not ops["/rmscore/v1/score"]["post"].get("deprecated")
+
+
+def test_malformed_vllm_requests_are_422(http):
+    r = http.post("/score", json={"text_1": ["a", "b"], "text_2": ["x", "y", "z"]})
+    assert r.status_code == 422 and "text_1" in r.json()["error"]["message"]
+    r = http.post("/classify", json={"input": []})
+    assert r.status_code == 422 and "input" in r.json()["error"]["message"]
