@@ -142,6 +142,10 @@ Metrics::Metrics(const std::string& model, const std::string& version, const std
     Family(counters_, "rmscore_sequences_dropped_total").Add({{"reason", reason}});
   }
   Family(counters_, "rmscore_requests_total").Add({{"code", "OK"}});
+  // The Python HTTP server's /get_reward counts its formats here; every kind exports the name.
+  for (const char* format : {"pair", "one_segment"}) {
+    Family(counters_, "rmscore_get_reward_sequences_total").Add({{"format", format}});
+  }
 }
 
 Metrics::~Metrics() { StopServing(); }

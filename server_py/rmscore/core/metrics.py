@@ -46,6 +46,8 @@ class Metrics:
         for reason in ("deadline", "cancelled"):
             self._child("rmscore_sequences_dropped_total", reason=reason)
         self._child("rmscore_requests_total", code="OK")
+        for fmt in ("pair", "one_segment"):  # /get_reward's formats; 0 on a kind without that route
+            self._child("rmscore_get_reward_sequences_total", format=fmt)
 
     def _child(self, name: str, **extra):
         family, common, _ = self._m[name]
