@@ -60,6 +60,20 @@ SERVICE_OF_KIND = {
 # Grafana's built-in variables, as Grafana would fill them for a 30 min view at 1 s scrapes
 GRAFANA_BUILTINS = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "30m"}
 LOAD_SECONDS = 6.0
+# The GPU-labelled series: there is no GPU here, and a server started with --device cuda fails
+# at start rather than fall back to the CPU. So a second, real py-grpc-onnxruntime server stands in
+# for compose's `py-grpc-onnxruntime-gpu` service: the committed config scrapes it under that
+# service name, and a metric relabelling sets the one label --device cuda would have set
+# (device="cuda"). Everything else in its series is its own: what the panels must keep apart from
+# its CPU twin is real data of a real server.
+GPU_STANDIN = ("py-grpc-onnxruntime", "py-grpc-onnxruntime-gpu")
+GPU_RELABEL = {"source_labels": ["service", "device"], "regex": f"{GPU_STANDIN[1]};cpu",
+               "target_label": "device", "replacement": "cuda"}
+# The stand-in's requests are its twin's (same seeds) with every sequence this much longer, so its
+# latency is really higher; the p95 panels must differ by the ratio the clients measure. Twice as
+# long: on two shared cores queueing behind the other servers compresses the ratio (1.4x longer
+# measured only 1.19x slower under load), and the check needs a difference of at least 20 %.
+GPU_STANDIN_SCALE = 2.0
 MAX_REQUESTS_PER_SERVER = 150
 TRICKLE_MAX = 600  # 5 min at 2/s: more than the checks take
 
@@ -347,17 +361,20 @@ def finite(result: list[dict]) -> list[dict]:
 # -- load ----------------------------------------------------------------------
 
 
-def random_tokens(rng: random.Random) -> list[int]:
-    n = rng.choice([8, 16, 24, 48, 96, 160])
+def random_tokens(rng: random.Random, scale: float = 1.0) -> list[int]:
+    n = round(rng.choice([8, 16, 24, 48, 96, 160]) * scale)
     return [101] + [rng.randrange(1000, 30000) for _ in range(n - 2)] + [102]
 
 
-def drive(server: servers.RunningServer, seed: int, stop: threading.Event | None = None) -> dict[str, int]:
+def drive(server: servers.RunningServer, seed: int, stop: threading.Event | None = None, *,
+          scale: float = 1.0, latencies: list[tuple[float, float]] | None = None) -> dict[str, int]:
     """A few seconds of small concurrent requests, then a few invalid ones; bounded in count and time.
 
     With `stop`, it then keeps a trickle going (one request every 0.5 s, an invalid
     one every 5 s) until `stop` is set, so the 1 m rate windows stay filled while
     the checks run, however slow the machine; at most TRICKLE_MAX requests.
+    `scale` multiplies every sequence's length (the same seed gives the same
+    requests, longer); `latencies` collects (end time.time(), seconds) of every call.
     """
     from rmscore_client.v1 import reward_pb2 as pb
     from rmscore_client.v1 import reward_pb2_grpc as pbg
@@ -371,7 +388,7 @@ def drive(server: servers.RunningServer, seed: int, stop: threading.Event | None
         channel = grpc.insecure_channel(server.target)
         stub = pbg.RewardModelStub(channel)
 
-        def call(seqs: list[list[int]]) -> bool:
+        def send(seqs: list[list[int]]) -> bool:
             req = pb.ScoreRequest(sequences=[pb.Sequence(tokens=pb.TokenIds(ids=s)) for s in seqs])
             try:
                 stub.Score(req, timeout=30)
@@ -382,15 +399,22 @@ def drive(server: servers.RunningServer, seed: int, stop: threading.Event | None
     else:
         http = httpx.Client(base_url=server.base_url, timeout=30)
 
-        def call(seqs: list[list[int]]) -> bool:
+        def send(seqs: list[list[int]]) -> bool:
             r = http.post("/v1/score", json={"sequences": [{"tokens": s} for s in seqs]})
             assert r.status_code in (200, 422), r.text
             return r.status_code == 200
 
+    def call(seqs: list[list[int]]) -> bool:
+        t0 = time.perf_counter()
+        ok = send(seqs)
+        if latencies is not None:
+            latencies.append((time.time(), time.perf_counter() - t0))
+        return ok
+
     def worker(wid: int) -> None:
         rng = random.Random(seed * 100 + wid)
         while time.monotonic() < deadline and next(sent, None) is not None:
-            ok = call([random_tokens(rng) for _ in range(rng.randint(1, 4))])
+            ok = call([random_tokens(rng, scale) for _ in range(rng.randint(1, 4))])
             with lock:
                 counts["ok"] += ok
             time.sleep(rng.uniform(0.005, 0.03))
@@ -409,7 +433,7 @@ def drive(server: servers.RunningServer, seed: int, stop: threading.Event | None
             if i % 10 == 9:
                 call([])
             else:
-                call([random_tokens(rng)])
+                call([random_tokens(rng, scale)])
     finally:
         channel.close() if server.transport == "grpc" else http.close()
     return counts
@@ -426,12 +450,16 @@ def stack():
     prom = stop = None
     work = pathlib.Path(tempfile.mkdtemp(prefix="rmscore-prometheus-"))
     try:
-        servers.start_all(kinds, started)
+        servers.start_all(kinds + [GPU_STANDIN[0]], started)
+        standin = started[-1]
 
         port = free_port()
-        targets = {SERVICE_OF_KIND[s.kind]: f"127.0.0.1:{s.metrics_port}" for s in started}
+        targets = {SERVICE_OF_KIND[s.kind]: f"127.0.0.1:{s.metrics_port}" for s in started[:-1]}
+        targets[GPU_STANDIN[1]] = f"127.0.0.1:{standin.metrics_port}"
         config = local_prometheus_config(yaml.safe_load(PROM_CONFIG.read_text()), targets,
                                          f"127.0.0.1:{port}", [str(RULES), str(ALERTS)])
+        (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "rmscore"]
+        job.setdefault("metric_relabel_configs", []).append(GPU_RELABEL)
         prom = Prometheus(config, work, port)
         prom.wait_ready()
         # load only once every server has been scraped, so rates see the increase
@@ -440,13 +468,19 @@ def stack():
                  "every server scraped", prom)
         stop = threading.Event()
         loader = ThreadPoolExecutor(len(started))
-        futures = {s.kind: loader.submit(drive, s, i, stop) for i, s in enumerate(started)}
+        # the CPU twin and the stand-in get the same seed; their latencies are recorded
+        twin = next(s for s in started if s.kind == GPU_STANDIN[0])
+        latencies = {"cpu": [], "cuda": []}
+        futures = {s.kind: loader.submit(drive, s, i, stop) for i, s in enumerate(started[:-1]) if s is not twin}
+        futures[twin.kind] = loader.submit(drive, twin, 99, stop, latencies=latencies["cpu"])
+        futures[GPU_STANDIN[1]] = loader.submit(drive, standin, 99, stop, scale=GPU_STANDIN_SCALE,
+                                                latencies=latencies["cuda"])
         time.sleep(LOAD_SECONDS + 2)  # the burst; the trickle goes on in the background
         # until every rule has a finite value for every server (rules run every 1 s)
         rules = load_rules()
         wait_for(lambda: all(len(finite(prom.query(r["record"] + label_selector(r)))) >= len(started) for r in rules),
                  "every recording rule evaluated for every server", prom, timeout_s=45)
-        yield {"prom": prom, "servers": started, "futures": futures}
+        yield {"prom": prom, "servers": started, "futures": futures, "latencies": latencies}
     finally:
         if stop is not None:
             stop.set()
@@ -478,9 +512,9 @@ def test_prometheus_scrapes_every_server(stack):
     prom = stack["prom"]
     up = prom.query('up{job="rmscore"}')
     assert {s["metric"]["service"] for s in up if s["value"][1] == "1"} == {
-        SERVICE_OF_KIND[s.kind] for s in stack["servers"]}
+        SERVICE_OF_KIND[s.kind] for s in stack["servers"][:-1]} | {GPU_STANDIN[1]}
     info = prom.query("rmscore_build_info")
-    assert len({(s["metric"]["server"], s["metric"]["backend"]) for s in info}) == len(stack["servers"])
+    assert len({(s["metric"]["server"], s["metric"]["backend"], s["metric"]["device"]) for s in info}) == len(stack["servers"])
     for kind, future in stack["futures"].items():
         if future.done():  # the load threads raise on unexpected answers
             future.result()
@@ -573,10 +607,63 @@ def test_comparison_dashboard_shows_every_server(stack):
     """The side-by-side dashboard must draw one series per running server in each per-server panel."""
     prom = stack["prom"]
     d = json.loads((GRAFANA / "dashboards" / "rmscore-compare.json").read_text())
-    kinds = {(s["metric"]["server"], s["metric"]["backend"]) for s in prom.query("rmscore_build_info")}
+    key = lambda s: (s["metric"]["server"], s["metric"]["backend"], s["metric"].get("device"))  # noqa: E731
+    kinds = {key(s) for s in prom.query("rmscore_build_info")}
+    assert len(kinds) == len(stack["servers"])
     for p in iter_panels(d["panels"]):
         for t in p.get("targets", []):
             if "server_backend" not in t["expr"] or "code" in t["expr"]:
                 continue  # error-code panels show only the codes that occurred
-            got = {(s["metric"]["server"], s["metric"]["backend"]) for s in finite(prom.query(substitute(t["expr"], {})))}
+            got = {key(s) for s in finite(prom.query(substitute(t["expr"], {})))}
             assert got == kinds, f"{p['title']}: series for {sorted(got)}, servers {sorted(kinds)}"
+
+
+def test_no_panel_merges_a_gpu_server_into_its_cpu_twin(stack):
+    """Every panel query of both dashboards that draws the py-grpc-onnxruntime kind draws its CPU server
+    and the GPU-labelled one as two series (same labels but `device`): a query or rule that summed
+    over `device`, or dropped it, would give one series, or one without a device."""
+    prom = stack["prom"]
+    server, backend = "py-grpc", "onnxruntime"  # the series' labels of the py-grpc-onnxruntime kind
+    checked = 0
+    for name, d, where, expr in panel_queries():
+        q = substitute(expr, {v["name"]: v.get("allValue") or ".*" for v in d["templating"]["list"]})
+        got = finite(prom.query(q))
+        if not any(s["metric"].get("server") == server for s in got):
+            continue  # a panel of totals, or of error codes that did not occur
+        twins = [s for s in got if s["metric"].get("server") == server and s["metric"].get("backend", backend) == backend]
+        by_device: dict[str, list] = {}
+        for s in twins:
+            # the twins are different targets: per-target labels differ anyway
+            rest = tuple(sorted((k, v) for k, v in s["metric"].items() if k not in ("device", "instance", "service", "job")))
+            by_device.setdefault(rest, []).append(s["metric"].get("device"))
+        for rest, devices in by_device.items():
+            if dict(rest).get("code") or dict(rest).get("reason"):
+                continue  # codes and drop reasons occur for one twin and not the other
+            assert sorted(devices) == ["cpu", "cuda"], f"{name} / {where}: {server} {dict(rest)} drawn for devices {devices}: {q}"
+        checked += 1
+    assert checked >= 20, f"only {checked} panel queries draw {server}"
+
+
+def test_p95_panels_differ_as_the_measured_latencies_do(stack):
+    """The stand-in serves its twin's requests with sequences twice as long. The comparison dashboard's p95
+    panel must show the two apart, by about the ratio of the p95 latencies the clients measured over the
+    same minute (the histogram's buckets are at most 10 % apart, so a 20 % difference must show)."""
+    prom = stack["prom"]
+    d = json.loads((GRAFANA / "dashboards" / "rmscore-compare.json").read_text())
+    (expr,) = {t["expr"] for p in iter_panels(d["panels"]) for t in p.get("targets", [])
+               if t["expr"] == 'server_backend:rmscore_request_latency_seconds:quantile_rate1m{quantile="0.95"}'}
+    now = time.time()
+    data = [s for s in prom.api("query", query=expr, time=f"{now:.3f}")["result"]
+            if (s["metric"]["server"], s["metric"]["backend"]) == ("py-grpc", "onnxruntime")]
+    panel = {s["metric"]["device"]: float(s["value"][1]) for s in data}
+    assert set(panel) == {"cpu", "cuda"}, data
+    # the same window as the panel: the rule's 1 m rate, evaluated up to 1 s before `now`
+    measured = {}
+    for device, record in stack["latencies"].items():
+        window = sorted(sec for end, sec in list(record) if now - 61 <= end <= now - 1)
+        assert len(window) >= 20, f"{device}: {len(window)} requests in the last minute"
+        measured[device] = window[int(0.95 * (len(window) - 1))]
+    want, got = measured["cuda"] / measured["cpu"], panel["cuda"] / panel["cpu"]
+    assert want >= 1.2, f"the longer requests were not 20 % slower: p95 {measured}, panel {panel}"
+    assert got > 1.1, f"p95 panel {panel}: the slower server does not show (measured {measured})"
+    assert abs(math.log(got / want)) <= math.log(1.25), f"p95 panel ratio {got:.2f}, measured {want:.2f}: panel {panel}, clients {measured}"
