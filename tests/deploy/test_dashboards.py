@@ -7,9 +7,10 @@ fails. The Prometheus is started by this module on 127.0.0.1 (ephemeral port,
 temporary TSDB) with the committed docker/prometheus/prometheus.yml, its
 compose DNS targets rewritten to local servers, a 1 s scrape interval and the
 committed rules.yml loaded. The servers are the real ones (tests/servers.py):
-py-grpc-onnxruntime, py-http-onnxruntime and cpp-grpc when it is built; a
-short, bounded load with a few invalid requests gives every panel data,
-error panels included.
+py-grpc-onnxruntime, py-http-onnxruntime and cpp-grpc when it is built, and
+a second py-grpc-onnxruntime labelled device="cuda" at scrape, standing in for
+the GPU service (GPU_STANDIN); a short, bounded load with a few invalid
+requests gives every panel data, error panels included.
 
 The static checks at the top (panel datasources, known metric and rule names)
 run without Prometheus; the live ones skip only when `prometheus` is not
