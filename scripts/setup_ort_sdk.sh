@@ -24,6 +24,8 @@ WHEEL_PKG=onnxruntime
 if [[ "${RMSCORE_ORT_GPU:-0}" == "1" ]]; then
   FLAVOUR=gpu
   WHEEL_PKG=onnxruntime-gpu
+  # onnxruntime-gpu trails onnxruntime on PyPI; setup.sh and the GPU locks take the same version.
+  ORT_VERSION="${RMSCORE_ORT_GPU_VERSION:-1.31.1}"
 fi
 STAMP="$SDK/.sdk-$WHEEL_PKG-$ORT_VERSION"
 

@@ -1051,7 +1051,8 @@ def test_every_image_installs_python_packages_only_from_a_hashed_lock():
             # the scripts after the download: no index, only the checked files
             for script in re.findall(r"((?:\w+=\S+ )+)scripts/(setup\.sh|setup_ort_sdk\.sh)", run):
                 env, name = script
-                if env.strip() == "RMSCORE_STEPS=apt":
+                if "RMSCORE_STEPS=apt " in env + " " and "RMSCORE_STEPS=apt," not in env:
+                    assert "RMSCORE_APT_DEV=0" in env, f"{df.name}: the image would install the tests' packages"
                     continue  # Debian packages only, before the download
                 assert "PIP_NO_INDEX=1" in env and 'PIP_FIND_LINKS="${wheels}"' in env, f"{df.name}: scripts/{name} run with {env!r}"
 
@@ -1106,12 +1107,13 @@ def test_image_locks_agree_with_requirements_lock_and_pyproject():
     assert ort_default and ort_default.group(1) == pins["onnxruntime"], "setup_ort_sdk.sh downloads another onnxruntime"
 
 
-@pytest.mark.xfail(strict=True, reason="onnxruntime-gpu has no 1.32.0 on PyPI (newest 1.31.1): the GPU locks pin 1.31.1 "
-                   "but setup.sh and setup_ort_sdk.sh ask for onnxruntime-gpu==<onnxruntime's version>, so the GPU "
-                   "images cannot build (docs/deploy.md, Pinning); passes, and must lose this mark, once they agree")
 def test_gpu_images_ask_for_the_onnxruntime_gpu_their_lock_holds():
+    """onnxruntime-gpu trails onnxruntime on PyPI: setup.sh (the Python swap) and setup_ort_sdk.sh (the
+    C++ SDK) take RMSCORE_ORT_GPU_VERSION, whose default must be what the GPU locks pin."""
     locked = read_lock(LOCKS["python-gpu"])["onnxruntime-gpu"][0]
-    assert lock_pins()["onnxruntime"] == locked, f"setup.sh/setup_ort_sdk.sh want {lock_pins()['onnxruntime']}, lock {locked}"
+    for script in ("setup.sh", "setup_ort_sdk.sh"):
+        found = re.findall(r"RMSCORE_ORT_GPU_VERSION:-([\d.]+)\}", (ROOT / "scripts" / script).read_text())
+        assert found and set(found) == {locked}, f"{script} defaults onnxruntime-gpu to {found}, the lock pins {locked}"
 
 
 def pinned_references(root: pathlib.Path, *args: str, **env: str) -> subprocess.CompletedProcess:
