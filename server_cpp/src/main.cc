@@ -24,6 +24,7 @@
 #include "metrics.h"
 #include "model_runner.h"
 #include "service.h"
+#include "transport.h"
 
 namespace rmscore {
 namespace {
@@ -94,10 +95,7 @@ std::unique_ptr<grpc::Server> StartGrpc(const Config& cfg, RewardModelService& s
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(cfg.host + ":" + std::to_string(cfg.port), ServerCredentialsFor(cfg, &metrics), port);
-  builder.SetMaxReceiveMessageSize(int(cfg.max_request_bytes));
-  // Clients balancing round_robin re-resolve only when a connection closes: the age makes them find new replicas.
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, cfg.max_connection_age_ms());
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, cfg.max_connection_age_grace_ms());
+  ConfigureTransport(cfg, &builder);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || *port == 0) {
