@@ -23,6 +23,7 @@
 #include "manifest.h"
 #include "metrics.h"
 #include "model_runner.h"
+#include "reflection_v1.h"
 #include "service.h"
 #include "transport.h"
 
@@ -88,15 +89,23 @@ int WaitForSignal(const sigset_t& signals) {
   return sig;
 }
 
+// Every service the port serves, as reflection lists them.
+std::vector<std::string> ServiceNames() {
+  return {kServiceName, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+          grpc::reflection::v1::ServerReflection::service_full_name()};
+}
+
 // Binds gRPC with health NOT_SERVING: scoring calls are refused "not ready: warming up" until
-// StartServing. *port: the bound port.
-std::unique_ptr<grpc::Server> StartGrpc(const Config& cfg, RewardModelService& service, Metrics& metrics, int* port) {
+// StartServing. Reflection: v1alpha from gRPC's plugin, v1 from `reflection`. *port: the bound port.
+std::unique_ptr<grpc::Server> StartGrpc(const Config& cfg, RewardModelService& service, ReflectionV1& reflection,
+                                        Metrics& metrics, int* port) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(cfg.host + ":" + std::to_string(cfg.port), ServerCredentialsFor(cfg, &metrics), port);
   ConfigureTransport(cfg, &builder);
   builder.RegisterService(&service);
+  builder.RegisterService(&reflection);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || *port == 0) {
     throw std::runtime_error("cannot listen on " + cfg.host + ":" + std::to_string(cfg.port));
@@ -173,8 +182,9 @@ int Run(const Config& cfg, const sigset_t& signals) {
   metrics.SetQueueCapacity(cfg.max_queue_sequences);
   const int metrics_port = metrics.Serve(cfg.host, cfg.metrics_port);
   RewardModelService service(cfg, manifest, std::move(tokenizer_json), &metrics);
+  ReflectionV1 reflection(ServiceNames());
   int port = 0;
-  std::unique_ptr<grpc::Server> server = StartGrpc(cfg, service, metrics, &port);
+  std::unique_ptr<grpc::Server> server = StartGrpc(cfg, service, reflection, metrics, &port);
   if (!cfg.port_file.empty()) WritePortFile(cfg.port_file, port, metrics_port);
   std::cout << "rmscore listening port=" << port << " metrics_port=" << metrics_port << std::endl;
 
