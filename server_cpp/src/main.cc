@@ -152,6 +152,7 @@ void ServeAndDrain(const Config& cfg, const Manifest& manifest, ModelRunner& run
   Batcher batcher(
       bopts, [model](const PackedBatch& b) { return model->Run(b); }, &metrics, [model] { model->Abort(); });
   service.StartServing(&batcher);
+  HeapTrimmer trimmer(kHeapTrimInterval);
   SetHealth(server, true);
   std::cout << "rmscore ready model=" << manifest.name << " version=" << manifest.version
             << " device=" << ToString(cfg.device) << " startup_s=" << SecondsSince(t0) << std::endl;

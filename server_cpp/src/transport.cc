@@ -2,6 +2,7 @@
 
 #include <grpc/compression.h>
 #include <grpc/grpc.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <climits>
@@ -30,6 +31,26 @@ void ConfigureTransport(const Config& cfg, grpc::ServerBuilder* builder) {
   // Clients balancing round_robin re-resolve only when a connection closes: the age makes them find new replicas.
   builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, cfg.max_connection_age_ms());
   builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, cfg.max_connection_age_grace_ms());
+}
+
+HeapTrimmer::HeapTrimmer(std::chrono::milliseconds interval) {
+  thread_ = std::thread([this, interval] {
+    std::unique_lock<std::mutex> lk(mu_);
+    while (!cv_.wait_for(lk, interval, [this] { return stop_; })) {
+      lk.unlock();
+      malloc_trim(0);  // a few ms; an allocation meanwhile waits on its arena's lock at most that long
+      lk.lock();
+    }
+  });
+}
+
+HeapTrimmer::~HeapTrimmer() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_one();
+  thread_.join();
 }
 
 }  // namespace rmscore
