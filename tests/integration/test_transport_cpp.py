@@ -14,6 +14,7 @@ docs/hardening.md, "Transport attacks (C++)".
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 import time
@@ -117,6 +118,7 @@ class Sampler:
         self.server, self.every = server, probe_every_s
         self.peak_rss = self.base_rss = vm_mib(server.proc.pid, "VmRSS")
         self.probes: list[tuple[str, float]] = []
+        self.peak_queue = 0.0  # rmscore_queue_depth, sampled with each probe
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -126,6 +128,8 @@ class Sampler:
             self.peak_rss = max(self.peak_rss, vm_mib(self.server.proc.pid, "VmRSS"))
             if time.monotonic() >= next_probe:
                 self.probes.append(probe(self.server.port))
+                depth = re.search(r"^rmscore_queue_depth(?:\{[^}]*\})? (\S+)$", self.server.metrics_text(), re.M)
+                self.peak_queue = max(self.peak_queue, float(depth.group(1)))
                 next_probe = time.monotonic() + self.every
             time.sleep(0.02)
 
@@ -140,22 +144,15 @@ class Sampler:
 
 def test_a_stream_that_never_reads_is_held_back(server):
     item = pb.ScoreStreamRequest(id="x", sequence=pb.Sequence(tokens=pb.TokenIds(ids=GOLDEN_IDS[0][:4])))
-    sent = 0
-
-    def items():
-        nonlocal sent
-        for _ in range(STREAM_ITEMS):
-            sent += 1
-            yield item
-
     with grpc.insecure_channel(server.target) as ch, Sampler(server) as sampler:
-        call = pbg.RewardModelStub(ch).ScoreStream(items(), timeout=30)  # its answers are never read
+        call = pbg.RewardModelStub(ch).ScoreStream(iter([item] * STREAM_ITEMS), timeout=30)  # answers never read
         time.sleep(4)
         call.cancel()
     grew = sampler.peak_rss - sampler.base_rss
-    # Before flow control the server read all 200k items in ~3 s, queued every answer it could not
-    # send (+90 MiB) and kept the shared queue full, so other callers waited or were refused.
-    assert sent < STREAM_ITEMS / 2, f"the client could send {sent} items without reading one answer"
+    # Before flow control the server read whatever the client sent, queued every answer it could not
+    # send (464 B per item) and kept the shared queue full (4096), so other callers waited or were
+    # refused. Now a stream holds at most its window (2 x max_batch_size = 64) of the queue.
+    assert sampler.peak_queue <= 64 + 8, f"queue depth reached {sampler.peak_queue:.0f}"
     assert grew < 32, f"RSS grew {grew:.0f} MiB"
     # Probes were refused "queue full" before. Their times are not judged here: this process's stream
     # thread competes with the probes for the GIL and the machine's 2 shared cores, so a probe can
