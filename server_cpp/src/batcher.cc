@@ -194,6 +194,10 @@ void Batcher::Run(const Batch& b) {
   Answers answers;
   {
     std::lock_guard<std::mutex> lk(mu_);
+    // A run aborted by Stop (ONNX Runtime's terminate flag, at the end of the drain grace) is the
+    // drain refusing the work, as for the jobs still queued, not a model fault: UNAVAILABLE, which
+    // a client may retry on another replica (docs/contract.md allows only OK or UNAVAILABLE then).
+    if (!error.ok() && stopping_) error = Draining();
     ScoredLocked(b, scores, ms, &answers);
     if (!error.ok()) {
       // Each job of the batch fails once; its sequences still queued never reach the model.

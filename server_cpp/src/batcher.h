@@ -92,8 +92,9 @@ class Batcher {
   // Refuses new jobs from now on; waits until every accepted job is answered
   // or `deadline` passes. True when drained.
   bool Drain(Clock::time_point deadline);
-  // Refuses new jobs, fails the queued ones UNAVAILABLE, aborts the model run
-  // in progress (its jobs fail INTERNAL) and ends the batcher thread.
+  // Refuses new jobs, fails the queued ones UNAVAILABLE "not ready: draining",
+  // aborts the model run in progress (its jobs fail the same way) and ends the
+  // batcher thread.
   void Stop();
 
  private:

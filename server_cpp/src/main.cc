@@ -23,7 +23,9 @@
 #include "manifest.h"
 #include "metrics.h"
 #include "model_runner.h"
+#include "reflection_v1.h"
 #include "service.h"
+#include "transport.h"
 
 namespace rmscore {
 namespace {
@@ -87,18 +89,23 @@ int WaitForSignal(const sigset_t& signals) {
   return sig;
 }
 
+// Every service the port serves, as reflection lists them.
+std::vector<std::string> ServiceNames() {
+  return {kServiceName, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+          grpc::reflection::v1::ServerReflection::service_full_name()};
+}
+
 // Binds gRPC with health NOT_SERVING: scoring calls are refused "not ready: warming up" until
-// StartServing. *port: the bound port.
-std::unique_ptr<grpc::Server> StartGrpc(const Config& cfg, RewardModelService& service, Metrics& metrics, int* port) {
+// StartServing. Reflection: v1alpha from gRPC's plugin, v1 from `reflection`. *port: the bound port.
+std::unique_ptr<grpc::Server> StartGrpc(const Config& cfg, RewardModelService& service, ReflectionV1& reflection,
+                                        Metrics& metrics, int* port) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(cfg.host + ":" + std::to_string(cfg.port), ServerCredentialsFor(cfg, &metrics), port);
-  builder.SetMaxReceiveMessageSize(int(cfg.max_request_bytes));
-  // Clients balancing round_robin re-resolve only when a connection closes: the age makes them find new replicas.
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, cfg.max_connection_age_ms());
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, cfg.max_connection_age_grace_ms());
+  ConfigureTransport(cfg, &builder);
   builder.RegisterService(&service);
+  builder.RegisterService(&reflection);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || *port == 0) {
     throw std::runtime_error("cannot listen on " + cfg.host + ":" + std::to_string(cfg.port));
@@ -145,6 +152,7 @@ void ServeAndDrain(const Config& cfg, const Manifest& manifest, ModelRunner& run
   Batcher batcher(
       bopts, [model](const PackedBatch& b) { return model->Run(b); }, &metrics, [model] { model->Abort(); });
   service.StartServing(&batcher);
+  HeapTrimmer trimmer(kHeapTrimInterval);
   SetHealth(server, true);
   std::cout << "rmscore ready model=" << manifest.name << " version=" << manifest.version
             << " device=" << ToString(cfg.device) << " startup_s=" << SecondsSince(t0) << std::endl;
@@ -175,8 +183,9 @@ int Run(const Config& cfg, const sigset_t& signals) {
   metrics.SetQueueCapacity(cfg.max_queue_sequences);
   const int metrics_port = metrics.Serve(cfg.host, cfg.metrics_port);
   RewardModelService service(cfg, manifest, std::move(tokenizer_json), &metrics);
+  ReflectionV1 reflection(ServiceNames());
   int port = 0;
-  std::unique_ptr<grpc::Server> server = StartGrpc(cfg, service, metrics, &port);
+  std::unique_ptr<grpc::Server> server = StartGrpc(cfg, service, reflection, metrics, &port);
   if (!cfg.port_file.empty()) WritePortFile(cfg.port_file, port, metrics_port);
   std::cout << "rmscore listening port=" << port << " metrics_port=" << metrics_port << std::endl;
 

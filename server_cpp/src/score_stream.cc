@@ -11,6 +11,11 @@ namespace {
 
 // One ScoreStream call. Reads one item at a time and submits it; answers are
 // written in completion order through a queue with one write in flight.
+// Flow control: while `window` items are read but their answers not yet
+// written (scoring, or waiting for a client that does not read), no next read
+// starts, so HTTP/2 flow control stops the client's writes instead of the
+// server queueing answers it cannot send, and one stream holds at most
+// `window` sequences of the shared queue.
 // Finishes when the client has half-closed (or cancelled), every accepted
 // item is answered and the write queue is empty. An item that does not parse
 // has no id to answer it by, so it ends the call: reading stops, accepted
@@ -19,7 +24,7 @@ namespace {
 class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   StreamCall(RewardModelService* svc, grpc::CallbackServerContext* ctx)
-      : svc_(svc), deadline_(SteadyDeadline(*ctx)) {
+      : svc_(svc), deadline_(SteadyDeadline(*ctx)), window_(size_t(svc->stream_window())) {
     StartRead(&incoming_);
   }
 
@@ -40,11 +45,24 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
       return;
     }
     Handle(item, start);
-    StartRead(&incoming_);
+    bool read_more = false, finish_now = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (cancelled_) {  // OnCancel ran meanwhile: no read is pending, none will start
+        reads_done_ = finish_now = true;
+      } else if (UnsentLocked() < window_) {
+        read_more = true;
+      } else {
+        read_paused_ = true;  // OnWriteDone (or Respond) starts the next read
+      }
+    }
+    if (read_more) StartRead(&incoming_);
+    if (finish_now) MaybeFinish();
   }
 
   void OnWriteDone(bool ok) override {
     const grpc::ByteBuffer* next = nullptr;
+    bool resume = false;
     {
       std::lock_guard<std::mutex> lk(mu_);
       writes_.pop_front();
@@ -55,7 +73,10 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
       } else {
         writing_ = false;
       }
+      resume = ResumeReadLocked();
     }
+    // A read pending keeps reads_done_ false, so the call cannot finish (nor `this` go) before it ends.
+    if (resume) StartRead(&incoming_);
     if (next) {
       StartWrite(next);
     } else {
@@ -68,11 +89,14 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     {
       std::lock_guard<std::mutex> lk(mu_);
       cancelled_ = true;
+      // A paused stream has no read pending, so no OnReadDone(false) will say the reads are over.
+      if (read_paused_) reads_done_ = true;
       for (auto& [_, job] : outstanding_) jobs.push_back(job);
     }
     // Each Cancel answers its item here (Scored -> Respond), and the last may Finish the call;
     // gRPC holds the call until a reaction returns, so `this` stays valid through the loop.
-    for (auto& job : jobs) svc_->batcher()->Cancel(job);  // last touch of `this`
+    for (auto& job : jobs) svc_->batcher()->Cancel(job);
+    MaybeFinish();  // with nothing outstanding no Respond finishes it; a no-op once finished
   }
 
   void OnDone() override { delete this; }
@@ -143,7 +167,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     const grpc::Status serialized = SerializeAnswer(resp, &bytes);  // outside the lock: it copies the answer
     const grpc::ByteBuffer* next = nullptr;
     grpc::Status status;
-    bool finish = false;
+    bool finish = false, resume = false;
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (done_item) outstanding_.erase(done_item);
@@ -159,12 +183,25 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
       // Decided under the same lock as the erase: this may run on the batcher thread, and once
       // the lock is let go a reaction may finish the call and gRPC may delete `this`.
       if (!next) finish = FinishableLocked(&status);
+      resume = ResumeReadLocked();  // an answer that left without a write frees room too
     }
+    if (resume) StartRead(&incoming_);  // the pending read keeps the call (reads_done_ is false)
     if (next) {
       StartWrite(next);  // writing_ is set: the call cannot finish before OnWriteDone
     } else if (finish) {
       Finish(status);  // last touch of `this`
     }
+  }
+
+  // Precondition: mu_ held. Items read whose answers are not written yet: scoring, or queued to write.
+  size_t UnsentLocked() const { return outstanding_.size() + writes_.size(); }
+
+  // Precondition: mu_ held. True (and unpaused) when a paused stream has room to read again; the
+  // caller then starts the read, after letting go of mu_.
+  bool ResumeReadLocked() {
+    if (!read_paused_ || reads_done_ || cancelled_ || UnsentLocked() >= window_) return false;
+    read_paused_ = false;
+    return true;
   }
 
   // For reactions only (gRPC runs them before OnDone, so `this` is alive on entry).
@@ -192,6 +229,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
 
   RewardModelService* const svc_;
   const std::optional<Clock::time_point> deadline_;
+  const size_t window_;  // the most items read and not yet answered on the wire
   grpc::ByteBuffer incoming_;
 
   std::mutex mu_;
@@ -200,6 +238,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   std::unordered_map<const v1::ScoreStreamRequest*, std::shared_ptr<Job>> outstanding_;
   grpc::Status end_status_;  // not OK once an item did not parse (or an answer did not serialize)
   bool writing_ = false, reads_done_ = false, cancelled_ = false, broken_ = false, finished_ = false;
+  bool read_paused_ = false;  // no read pending: the window is full
 };
 
 }  // namespace

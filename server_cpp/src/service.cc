@@ -1,9 +1,11 @@
 #include "service.h"
 
 #include <grpc/grpc_security.h>
+#include <grpc/support/time.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/proto_buffer_writer.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 
@@ -178,12 +180,21 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentialsFor(const Config& cfg,
   return std::make_shared<CoreCredentials>(creds);
 }
 
+int StreamWindow(const Config& cfg) {
+  const int64_t quarter = std::max<int64_t>(1, cfg.max_queue_sequences / 4);
+  return int(std::clamp<int64_t>(2 * int64_t(cfg.max_batch_size), 1, quarter));
+}
+
 std::optional<Clock::time_point> SteadyDeadline(const grpc::CallbackServerContext& ctx) {
-  const auto deadline = ctx.deadline();
-  const auto now = std::chrono::system_clock::now();
-  // No deadline reads as a time centuries away.
-  if (deadline - now > std::chrono::hours(24 * 365)) return std::nullopt;
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(deadline - now);
+  // gRPC's own timespec, not ctx.deadline(): grpcpp converts that to system_clock nanoseconds, which
+  // overflow past year 2262, so a far `grpc-timeout` (99999999H is the most its 8 digits say) came
+  // back as a time in the past and the call was refused as expired.
+  const gpr_timespec deadline = ctx.raw_deadline();
+  if (gpr_time_cmp(deadline, gpr_inf_future(deadline.clock_type)) == 0) return std::nullopt;
+  const gpr_timespec left = gpr_time_sub(deadline, gpr_now(deadline.clock_type));
+  // No deadline, or one more than a year away: no practical deadline.
+  if (left.tv_sec > int64_t(365) * 24 * 3600) return std::nullopt;
+  return Clock::now() + std::chrono::seconds(left.tv_sec) + std::chrono::nanoseconds(left.tv_nsec);
 }
 
 RewardModelService::RewardModelService(const Config& cfg, const Manifest& manifest, std::string tokenizer_json,

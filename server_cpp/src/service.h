@@ -26,6 +26,10 @@
 
 namespace rmscore {
 
+// A ScoreStream's window: two batches' worth, enough to keep the model's batches full, and at most a
+// quarter of the queue, so one stream never holds more of it than that.
+int StreamWindow(const Config& cfg);
+
 // Only GetModelInfo keeps grpcpp's typed callback method.
 using RewardModelBase = v1::RewardModel::WithRawCallbackMethod_Score<
     v1::RewardModel::WithRawCallbackMethod_ScoreStream<v1::RewardModel::WithCallbackMethod_GetModelInfo<
@@ -52,6 +56,8 @@ class RewardModelService final : public RewardModelBase {
   Metrics* metrics() const { return metrics_; }
   const Limits& limits() const { return limits_; }
   const std::string& model_version() const { return manifest_.version; }
+  // The most items one ScoreStream has read and not yet answered on the wire (score_stream.cc).
+  int stream_window() const { return StreamWindow(cfg_); }
 
  private:
   enum State { kWarmingUp, kServing, kDraining };
@@ -90,7 +96,7 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentialsFor(const Config& cfg,
 // does not depend on where the two first differ.
 bool BearerMatches(std::string_view header_value, std::string_view token);
 
-// The call's deadline on the steady clock; nullopt when the client set none.
+// The call's deadline on the steady clock; nullopt when the client set none (or one over a year away).
 std::optional<Clock::time_point> SteadyDeadline(const grpc::CallbackServerContext& ctx);
 
 }  // namespace rmscore

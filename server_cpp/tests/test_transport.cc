@@ -1,0 +1,79 @@
+// The transport-level pieces of issue 20 that need no server: reflection v1's answers, the
+// ScoreStream window and the stream limit. The attacks themselves run against the real server in
+// tests/integration/test_transport_cpp.py and tests/conformance/test_grpcurl.py.
+#include <google/protobuf/descriptor.pb.h>
+#include <gtest/gtest.h>
+
+#include "reflection_v1.h"
+#include "service.h"
+#include "transport.h"
+
+namespace rmscore {
+namespace {
+
+using grpc::reflection::v1::ServerReflectionRequest;
+
+std::vector<std::string> FileNames(const grpc::reflection::v1::ServerReflectionResponse& resp) {
+  std::vector<std::string> names;
+  for (const auto& bytes : resp.file_descriptor_response().file_descriptor_proto()) {
+    google::protobuf::FileDescriptorProto file;
+    EXPECT_TRUE(file.ParseFromString(bytes));
+    names.push_back(file.name());
+  }
+  return names;
+}
+
+TEST(ReflectionV1, ServesTheHealthServiceItNames) {
+  // gRPC's health service serializes by hand: its descriptor is ours to link in (issue 20).
+  ReflectionV1 reflection({"grpc.health.v1.Health"});
+  ServerReflectionRequest req;
+  req.set_file_containing_symbol("grpc.health.v1.Health");
+  EXPECT_EQ(FileNames(reflection.Answer(req)), std::vector<std::string>{"grpc/health/v1/health.proto"});
+  req.set_list_services("");
+  const auto listed = reflection.Answer(req).list_services_response();
+  ASSERT_EQ(listed.service_size(), 1);
+  EXPECT_EQ(listed.service(0).name(), "grpc.health.v1.Health");
+}
+
+TEST(ReflectionV1, AnswersTheServiceProtoAndEchoesTheRequest) {
+  ReflectionV1 reflection({});
+  ServerReflectionRequest req;
+  req.set_host("h");
+  req.set_file_containing_symbol("rmscore.v1.RewardModel.Score");
+  const auto resp = reflection.Answer(req);
+  EXPECT_EQ(FileNames(resp), std::vector<std::string>{"rmscore/v1/reward.proto"});
+  EXPECT_EQ(resp.valid_host(), "h");
+  EXPECT_EQ(resp.original_request().file_containing_symbol(), "rmscore.v1.RewardModel.Score");
+}
+
+TEST(ReflectionV1, UnknownNamesAreNotFound) {
+  ReflectionV1 reflection({});
+  ServerReflectionRequest req;
+  req.set_file_by_filename("no/such.proto");
+  EXPECT_EQ(reflection.Answer(req).error_response().error_code(), int(grpc::StatusCode::NOT_FOUND));
+  req.set_file_containing_symbol("no.Such");
+  EXPECT_EQ(reflection.Answer(req).error_response().error_message(), "Symbol not found.");
+  req.set_all_extension_numbers_of_type("no.Such");
+  EXPECT_EQ(reflection.Answer(req).error_response().error_message(), "Type not found.");
+}
+
+TEST(Transport, AStreamHoldsTwoBatchesAtMostAQuarterOfTheQueue) {
+  Config cfg;  // 32 and 4096
+  EXPECT_EQ(StreamWindow(cfg), 64);
+  cfg.max_queue_sequences = 100;
+  EXPECT_EQ(StreamWindow(cfg), 25);
+  cfg.max_queue_sequences = 2;
+  EXPECT_EQ(StreamWindow(cfg), 1);
+}
+
+TEST(Transport, StreamLimitFollowsTheQueueWithAFloor) {
+  Config cfg;
+  EXPECT_EQ(MaxConcurrentStreams(cfg), 4096);
+  cfg.max_queue_sequences = 10;
+  EXPECT_EQ(MaxConcurrentStreams(cfg), 100);
+  cfg.max_queue_sequences = INT64_C(1) << 40;
+  EXPECT_EQ(MaxConcurrentStreams(cfg), INT32_MAX);
+}
+
+}  // namespace
+}  // namespace rmscore
