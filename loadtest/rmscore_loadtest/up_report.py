@@ -149,7 +149,7 @@ def contended_series(base: str, start: float, end: float, step: float) -> dict[s
     """Phase 2 over time per server (`service`, the label the run's Prometheus config gives each
     target): sequences/s, request p99 and queue depth, over a rate window of a few scrapes."""
     w = f"{max(5, round(4 * step))}s"
-    start += int(w[:-1])  # the first rate window would reach back into phase 1
+    start = min(start + int(w[:-1]), end)  # the first rate window would reach back into phase 1
     exprs = {
         "sequences/s": f"sum by (service) (rate(rmscore_sequences_scored_total[{w}]))",
         "request p99 (s)": f"histogram_quantile(0.99, sum by (service, le) "
