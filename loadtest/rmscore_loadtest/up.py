@@ -5,11 +5,13 @@ Prometheus (Debian's binary, the project's config with targets pointed here) scr
 
 1. Each server alone (up_alone.py): a short closed-loop ramp finds its capacity, then repeated
    short windows at the concurrency that carries it give throughput, p50 and p99 with 95%
-   intervals; the ranking shows each as a ratio to the fastest. The servers are started once,
-   all together (phase 2 needs them all, and starting torch.compile twice would cost minutes),
-   and measured one at a time while the others stay idle: an idle server only waits on a
-   condition variable, and the run checks that instead of assuming it, by reading the other
-   servers' CPU time (/proc) over each server's measurement (shown beside the ranking).
+   intervals; the ranking shows each as a ratio to the fastest. Every server is spawned at once
+   (phase 2 needs them all, and starting torch.compile twice would cost minutes) and each is
+   measured as soon as it is SERVING, while later ones still warm up (up_start.py): during a
+   measurement every other process `up` started runs at nice 19, so a torch.compile warm-up only
+   takes CPU time the measured server leaves idle, and the run reads the others' CPU time
+   (/proc) over each measurement to show it (beside the ranking). `--no-overlap` waits for
+   every server first. An idle server only waits on a condition variable.
 2. All at once: the Locust RLHF users (loadtest/rlhf_client.py), one trainer rank per server,
    each offered `utilization` x its measured capacity / servers (up_sizing.contended_offers),
    so queues stay bounded and latencies mean something; each server's share of what was scored,
@@ -21,9 +23,12 @@ Sizes follow the machine: intra-op threads are the cores split over the servers,
 where a server saturates, windows hold enough answers at that server's rate, and phase 2's load
 follows the capacities. `--keep-running` leaves servers, Prometheus and a Locust web UI up.
 Ctrl-C or SIGTERM stops everything it started, by PID. A server that fails to start or its
-self-check is reported by name with the end of its log, and the others still run. Servers listen
-on 127.0.0.1 only, plaintext and without tokens (TLS and tokens are for a deployment:
-docs/contract.md, docs/deploy.md); a kind's usual port that is taken is replaced by a free one.
+self-check, or exits later, is reported by name with the end of its log, as a failed row in the
+table and on the page; the others still run, and the exit status is then 3 (EXIT_SOME_FAILED;
+1: nothing could be measured, 2: bad arguments, 130: interrupted). The last line is the wall
+time with its breakdown by phase. Servers listen on 127.0.0.1 only, plaintext and without tokens
+(TLS and tokens are for a deployment: docs/contract.md, docs/deploy.md); a kind's usual port that
+is taken is replaced by a free one.
 """
 
 from __future__ import annotations
@@ -542,6 +547,8 @@ def up(args) -> int:
         print("[up] interrupted", flush=True)
         return 130
     finally:
+        if not clock.phases or clock.phases[-1]["phase"] != "report":
+            clock.mark("until it stopped early")
         print("[up] stopping everything it started ...", flush=True)
         stack.stop()
         clock.mark("stop")
