@@ -280,7 +280,9 @@ def html(r: dict, images: list[pathlib.Path]) -> str:
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>rmscore up {_e(r['started'])}</title>"
              f"<style>{STYLE}</style></head><body>",
              f"<h1>rmscore up: which runtime is fastest here</h1><p class='note'>{_e(r['started'])}, "
-             f"{_e(s['cores'])} cores ({_e(s['cpu'])}), wall time {r['wall_s']:.0f} s.</p>",
+             f"{_e(s['cores'])} cores ({_e(s['cpu'])}), wall time {r['wall_s']:.0f} s"
+             + "".join(f"; {_e(p['phase'])} {p['took_s']:.0f} s" + (f" ({_e(p['note'])})" if p.get("note") else "")
+                       for p in r.get("phases", [])) + ".</p>",
              "<h2>1. Each server alone</h2>", _md_table(r["ranking_md"]),
              f"<p class='note'>{_e(r['alone_note'])}</p>",
              "<h2>2. All at once (Locust RLHF users)</h2>", _md_table(r.get("contended_md", "")),
