@@ -6,8 +6,9 @@ Prometheus (Debian's binary, the project's config with targets pointed here) scr
 1. Each server alone (up_alone.py): a short closed-loop ramp finds its capacity, then repeated
    short windows at the concurrency that carries it give throughput, p50 and p99 with 95%
    intervals; the ranking shows each as a ratio to the fastest. Every server is spawned at once
-   (phase 2 needs them all, and starting torch.compile twice would cost minutes) and each is
-   measured as soon as it is SERVING, while later ones still warm up (up_start.py): during a
+   (phase 2 needs them all, and starting torch.compile twice would cost minutes); on a machine
+   with CPU to spare each is measured as soon as it is SERVING, while later ones still warm up
+   (up_start.py; on a busy one, after all are SERVING): during a
    measurement every other process `up` started runs at nice 19, so a torch.compile warm-up only
    takes CPU time the measured server leaves idle, and the run reads the others' CPU time
    (/proc) over each measurement to show it (beside the ranking). `--no-overlap` waits for
@@ -455,8 +456,11 @@ def measure_and_report(stack: Stack, args, kinds: list[str], progress: Progress,
     threads = up_sizing.threads_per_server(os.cpu_count() or 1, len(kinds))
     progress.where = "0/3 start"
     flags = {"model": args.model, "intra_op_threads": threads, "inter_op_threads": 1}
+    overlap, why = (False, "--no-overlap: every server first") if args.no_overlap else \
+        up_start.overlap_allowed(os.cpu_count() or 1, os.getloadavg()[0])
+    progress(why)
     starting = up_start.Starting(stack.run_dir, kinds, flags, args.ready_timeout_seconds, free_port, progress,
-                                 overlap=not args.no_overlap and up_start.can_reprioritise(),
+                                 overlap=overlap,
                                  on_bound=lambda kind, s: stack.procs.append(Proc(kind, s.proc, s.log_path)))
     alone, prom = phase_alone(stack, starting, args, progress, clock)
     failed = starting.failed
@@ -580,8 +584,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--ready-timeout-seconds", type=float, default=900,
                    help="time allowed for warm-up, torch.compile included (default: %(default)s)")
     p.add_argument("--no-overlap", action="store_true",
-                   help="measure no server until every one is SERVING (by default the first ready are measured "
-                        "while torch.compile still warms up, at the lowest CPU priority)")
+                   help="measure no server until every one is SERVING (by default, on a machine with CPU to "
+                        "spare, the first ready are measured while torch.compile still warms up at nice 19)")
     p.add_argument("--keep-running", action="store_true",
                    help="leave servers, Prometheus and a Locust web UI up after the report, until Ctrl-C")
     p.set_defaults(func=up)

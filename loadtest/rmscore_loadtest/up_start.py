@@ -12,8 +12,9 @@ the self-check) held every measurement back until 175 s. Now:
   (servers still warming up, idle ones, Prometheus) runs at the lowest CPU priority (nice 19),
   so a torch.compile warm-up only gets the CPU time the measured server and its client leave
   unused; between measurements everything is back at the normal priority so the warm-up goes
-  at full speed. Where the priority cannot be restored (not root and no RLIMIT_NICE), `up` does
-  not overlap at all: it waits for every server before measuring the first.
+  at full speed. Where the priority cannot be restored (not root and no RLIMIT_NICE), or the
+  machine has no CPU to spare (`overlap_allowed`), `up` does not overlap at all: it waits for
+  every server before measuring the first.
 """
 
 from __future__ import annotations
@@ -34,6 +35,19 @@ LOWEST = 19
 def can_reprioritise() -> bool:
     """Whether this process may lower a niceness it raised (root, or RLIMIT_NICE allows nice 0)."""
     return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
+
+
+def overlap_allowed(cores: int, load_avg: float) -> tuple[bool, str]:
+    """Whether to measure while others warm up, and why. It only pays with CPU time to spare:
+    on a machine already busy (1-minute load average at or above the core count), a warm-up at
+    nice 19 gets nothing while a server is measured (here, at load 15-27 on 2 cores,
+    torch.compile was SERVING after 572 s instead of 175 s), so then `up` waits for all."""
+    if not can_reprioritise():
+        return False, "cannot lower a raised niceness again here (not root, RLIMIT_NICE): every server first"
+    if load_avg >= cores:
+        return False, (f"load average {load_avg:.1f} on {cores} cores, no CPU to spare for warm-ups during a "
+                       "measurement: every server first")
+    return True, f"load average {load_avg:.1f} on {cores} cores: measuring while torch.compile warms up at nice 19"
 
 
 def _renice(pids, nice: int) -> None:

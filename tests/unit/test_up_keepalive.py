@@ -7,7 +7,8 @@ against a real server; this stub server makes it certain instead: it resets (RST
 does for a socket closed with unread data) any request that arrives on a connection idle for
 longer than its limit, here just above the clients' KEEPALIVE_EXPIRY_S. A client that expires
 idle connections first opens a new one and is answered; httpx's default pool (5 s) reuses the
-old one and fails, which shows the stub reproduces the failure the fix is for.
+old one and fails (ReadError or RemoteProtocolError, as the reset or the close lands first),
+which shows the stub reproduces the failure the fix is for.
 """
 
 from __future__ import annotations

@@ -45,3 +45,12 @@ def test_favour_lowers_everything_else_started_and_restores_it():
             os.kill(pid, 9)
         parent.kill()
         parent.wait()
+
+
+@pytest.mark.skipif(not up_start.can_reprioritise(), reason="cannot lower a niceness again here (not root)")
+def test_overlap_only_with_cpu_to_spare():
+    # A warm-up at nice 19 only gets CPU the measured server leaves idle: none on a busy machine.
+    assert up_start.overlap_allowed(2, 0.5)[0]
+    busy, why = up_start.overlap_allowed(2, 2.0)
+    assert not busy and "load average 2.0 on 2 cores" in why
+    assert up_start.overlap_allowed(16, 9.0)[0]
