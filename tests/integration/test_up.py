@@ -154,7 +154,7 @@ def test_page_renders_in_headless_chromium_with_every_image(run, tmp_path):
 def test_a_server_that_dies_is_reported_and_the_others_still_ranked(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.Popen([str(RMSCORE), "up", "--kinds", "cpp-grpc,py-grpc-onnxruntime", "--out", str(out),
-                             *SMALL[2:], "--duration-seconds", "4"],
+                             *SMALL[2:], "--duration-seconds", "4", "--windows", "2"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         # Killed as soon as it exists (its port file is in the run directory), by its PID.
