@@ -5,11 +5,14 @@ Prometheus (Debian's binary, the project's config with targets pointed here) scr
 
 1. Each server alone (up_alone.py): a short closed-loop ramp finds its capacity, then repeated
    short windows at the concurrency that carries it give throughput, p50 and p99 with 95%
-   intervals; the ranking shows each as a ratio to the fastest. The servers are started once,
-   all together (phase 2 needs them all, and starting torch.compile twice would cost minutes),
-   and measured one at a time while the others stay idle: an idle server only waits on a
-   condition variable, and the run checks that instead of assuming it, by reading the other
-   servers' CPU time (/proc) over each server's measurement (shown beside the ranking).
+   intervals; the ranking shows each as a ratio to the fastest. Every server is spawned at once
+   (phase 2 needs them all, and starting torch.compile twice would cost minutes); on a machine
+   with CPU to spare each is measured as soon as it is SERVING, while later ones still warm up
+   (up_start.py; on a busy one, after all are SERVING): during a
+   measurement every other process `up` started runs at nice 19, so a torch.compile warm-up only
+   takes CPU time the measured server leaves idle, and the run reads the others' CPU time
+   (/proc) over each measurement to show it (beside the ranking). `--no-overlap` waits for
+   every server first. An idle server only waits on a condition variable.
 2. All at once: the Locust RLHF users (loadtest/rlhf_client.py), one trainer rank per server,
    each offered `utilization` x its measured capacity / servers (up_sizing.contended_offers),
    so queues stay bounded and latencies mean something; each server's share of what was scored,
@@ -21,9 +24,12 @@ Sizes follow the machine: intra-op threads are the cores split over the servers,
 where a server saturates, windows hold enough answers at that server's rate, and phase 2's load
 follows the capacities. `--keep-running` leaves servers, Prometheus and a Locust web UI up.
 Ctrl-C or SIGTERM stops everything it started, by PID. A server that fails to start or its
-self-check is reported by name with the end of its log, and the others still run. Servers listen
-on 127.0.0.1 only, plaintext and without tokens (TLS and tokens are for a deployment:
-docs/contract.md, docs/deploy.md); a kind's usual port that is taken is replaced by a free one.
+self-check, or exits later, is reported by name with the end of its log, as a failed row in the
+table and on the page; the others still run, and the exit status is then 3 (EXIT_SOME_FAILED;
+1: nothing could be measured, 2: bad arguments, 130: interrupted). The last line is the wall
+time with its breakdown by phase. Servers listen on 127.0.0.1 only, plaintext and without tokens
+(TLS and tokens are for a deployment: docs/contract.md, docs/deploy.md); a kind's usual port that
+is taken is replaced by a free one.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ import yaml
 
 from rmscore.tools import launch
 from rmscore.tools.kinds import ALL_KINDS, KINDS
-from rmscore_loadtest import observe, up_alone, up_report, up_sizing
+from rmscore_loadtest import observe, up_alone, up_report, up_sizing, up_start
 from rmscore_loadtest.stats import percentiles
 
 ROOT = launch.ROOT
@@ -54,8 +60,29 @@ STOP_TIMEOUT_S = 30
 SCRAPE_S = 2
 
 
+# Some kinds failed (reported by name in the table, the page and the last line); the others are ranked.
+EXIT_SOME_FAILED = 3
+
+
 class StackError(RuntimeError):
     pass
+
+
+class Clock:
+    """When each phase ended, since the start: the breakdown printed last and kept in result.json."""
+
+    def __init__(self):
+        self.t0 = time.monotonic()
+        self.phases: list[dict] = []
+
+    def mark(self, phase: str, note: str = "") -> None:
+        at = time.monotonic() - self.t0
+        since = at - (self.phases[-1]["at_s"] if self.phases else 0.0)
+        self.phases.append({"phase": phase, "at_s": round(at, 1), "took_s": round(since, 1), "note": note})
+
+    def breakdown(self) -> str:
+        return "; ".join(f"{p['phase']} {p['took_s']:.0f} s" + (f" ({p['note']})" if p["note"] else "")
+                         for p in self.phases)
 
 
 @dataclass
@@ -90,6 +117,32 @@ class Stack:
             except subprocess.TimeoutExpired:
                 p.popen.kill()
                 p.popen.wait()
+        # A server still starting when up stopped is not in self.procs yet (its launch thread
+        # has not returned): every process left below this one is ours, and goes too.
+        for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
+            left = live_descendants()
+            for pid in left:
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+            end = time.monotonic() + wait_s
+            while left and time.monotonic() < end:
+                time.sleep(0.1)
+                left = live_descendants()
+
+
+def live_descendants() -> list[int]:
+    """The processes below this one that have not exited (zombies are gone, only not yet reaped)."""
+    out = []
+    for pid in observe.descendants(os.getpid()):
+        try:
+            state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            out.append(pid)
+    return out
 
 
 def free_port(preferred: int) -> int:
@@ -161,57 +214,6 @@ class Progress:
         print(f"[up {time.monotonic() - self.t0:4.0f}s | {self.where} | ~{left:.0f}s left] {msg}", flush=True)
 
 
-def wait_serving(server, deadline: float, say) -> None:
-    """Until SERVING (warm-up and the golden self-check done), saying so every 10 s: a
-    torch.compile warm-up takes minutes on 2 cores, and a silent wait looks hung."""
-    t0 = time.monotonic()
-    while True:
-        try:
-            server.wait_until_ready(min(deadline, time.monotonic() + 10))
-            return
-        except RuntimeError:
-            if server.proc.poll() is not None or time.monotonic() >= deadline:
-                raise
-            say(f"{server.kind}: warming up and self-checking, {time.monotonic() - t0:.0f} s so far")
-
-
-def start_servers(stack: Stack, kinds: list[str], model: str, threads: int, ready_timeout_s: float,
-                  say) -> tuple[dict, dict]:
-    """Start every kind at once (they warm up together); ({kind: RunningServer}, {kind: why it failed})."""
-    pending, failed = {}, {}
-    for kind in kinds:
-        k = KINDS[kind]
-        port = free_port(k.port)
-        flags = {"model": model, "intra_op_threads": threads, "inter_op_threads": 1}
-        if k.transport == "grpc":
-            flags["metrics_port"] = free_port(k.metrics_port)
-        if port != k.port:
-            say(f"{kind}: port {k.port} is taken, using {port}")
-        try:
-            server = launch.start(kind, port, wait_ready=False, ready_timeout_s=ready_timeout_s,
-                                  log_dir=stack.run_dir / kind, **flags)
-        except RuntimeError as e:
-            failed[kind] = f"did not start (log {stack.run_dir / kind / 'server.log'}):\n{e}"
-            say(f"{kind} FAILED: {failed[kind]}")
-            continue
-        stack.procs.append(Proc(kind, server.proc, server.log_path))
-        pending[kind] = server
-        say(f"{kind}: starting on 127.0.0.1:{server.port}")
-    deadline = time.monotonic() + ready_timeout_s
-    ready = {}
-    for kind, server in pending.items():
-        try:
-            wait_serving(server, deadline, say)  # the self-check against the golden scores runs before SERVING
-        except RuntimeError as e:
-            failed[kind] = f"not SERVING (log {server.log_path}):\n{e}"
-            say(f"{kind} FAILED: {failed[kind]}")
-            server.stop(5)
-            continue
-        ready[kind] = server
-        say(f"{kind}: SERVING")
-    return ready, failed
-
-
 def start_prometheus(stack: Stack, servers: dict, say) -> str | None:
     """Prometheus scraping every started server; its base URL, or None where it is not installed."""
     prom = shutil.which("prometheus")
@@ -245,31 +247,78 @@ def alone_settings(args) -> dict:
             "ramp_window_s": args.ramp_window_seconds, "window_s": args.window_seconds, "windows": args.windows}
 
 
-def phase_alone(servers: dict, args, progress: Progress, failed: dict) -> dict:
-    """Each server measured alone, in turn; a server that fails here is reported and skipped."""
-    results = {}
-    per_kind_s = None
-    for i, (kind, server) in enumerate(servers.items(), 1):
-        progress.where = f"1/3 alone {i}/{len(servers)} {kind}"
-        t = time.monotonic()
-        others = {k: s.proc.pid for k, s in servers.items() if k != kind}
-        before = {k: cpu_seconds(p) for k, p in others.items()}
-        try:
-            m = up_alone.measure(server.transport, server.target if server.transport == "grpc" else server.base_url,
-                                 alone_settings(args), progress)
-        except Exception as e:  # noqa: BLE001 - one server's failure must not stop the others' measurement
-            tail = server.log()[-1500:]
-            failed[kind] = f"failed while measured alone: {e!r}\n{tail}"
-            progress(f"FAILED: {e!r}; end of its log:\n{tail}")
+def measure_one(kind: str, server, starting: up_start.Starting, args, progress: Progress, failed: dict) -> dict | None:
+    """One server alone, every other process `up` started at the lowest priority meanwhile; its
+    figures plus the CPU the others used, or None (reported in `failed`) when it failed."""
+    if server.proc.poll() is not None:
+        failed[kind] = f"exited with {server.proc.returncode} before its measurement:\n{server.log()[-1500:]}"
+        progress(f"FAILED: {failed[kind]}")
+        return None
+    t = time.monotonic()
+    others = {k: s.proc.pid for k, s in starting.bound().items() if k != kind}
+    warming = set(starting.warming)
+    before = {k: cpu_seconds(p) for k, p in others.items()}
+    if starting.overlap:
+        up_start.favour(server.proc.pid)
+    try:
+        m = up_alone.measure(server.transport, server.target if server.transport == "grpc" else server.base_url,
+                             alone_settings(args), progress)
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {server.proc.returncode} during its measurement")
+    except Exception as e:  # noqa: BLE001 - one server's failure must not stop the others' measurement
+        tail = server.log()[-1500:]
+        failed[kind] = f"failed while measured alone: {e!r}\n{tail}"
+        progress(f"FAILED: {e!r}; end of its log:\n{tail}")
+        return None
+    finally:
+        if starting.overlap:
+            up_start.favour(None)
+    took = time.monotonic() - t
+    used = {k: (cpu_seconds(p) - before[k]) / took for k, p in others.items()}
+    m["others_cpu_share"] = sum(v for k, v in used.items() if k not in warming)
+    m["warming_cpu_share"] = sum(v for k, v in used.items() if k in warming)
+    m["measured_s"] = took
+    progress(f"{m['throughput']['mean']:.1f} seq/s at C={m['concurrency']}, p50 {m['p50_ms']['mean']:.0f} ms, "
+             f"p99 {m['p99_ms']['mean']:.0f} ms; idle servers used {m['others_cpu_share']:.0%} of a core"
+             + (f", servers warming up at nice 19 {m['warming_cpu_share']:.0%}" if warming else ""))
+    return m
+
+
+def phase_alone(stack: Stack, starting: up_start.Starting, args, progress: Progress, clock: Clock) -> tuple:
+    """Each server measured alone as soon as it is SERVING (the first ready first, in kind order),
+    while later ones still warm up; Prometheus starts once every server has bound its ports.
+    ({kind: figures}, Prometheus URL or None)."""
+    results, prom, waited, last_say = {}, None, 0.0, 0.0
+    failed = starting.failed
+    while True:
+        starting.poll()
+        if prom is None and starting.all_bound() and starting.bound():
+            prom = start_prometheus(stack, starting.bound(), progress)
+            clock.mark("all servers bound, Prometheus up")
+        todo = [k for k in starting.ready if k not in results and k not in failed]
+        if starting.done() and not todo:
+            break
+        if not todo or not (starting.overlap or starting.done()):
+            t = time.monotonic()
+            starting.wait(0.5)
+            waited += time.monotonic() - t
+            if time.monotonic() - last_say >= 10:
+                last_say = time.monotonic()
+                progress(f"waiting for {', '.join([*starting.spawning, *starting.warming])} to start and warm "
+                         f"up ({time.monotonic() - starting.t0:.0f} s so far)")
             continue
-        took = time.monotonic() - t
-        m["others_cpu_share"] = sum(cpu_seconds(p) - before[k] for k, p in others.items()) / took
-        results[kind] = m
-        progress(f"{m['throughput']['mean']:.1f} seq/s at C={m['concurrency']}, p50 {m['p50_ms']['mean']:.0f} ms, "
-                 f"p99 {m['p99_ms']['mean']:.0f} ms; idle servers used {m['others_cpu_share']:.0%} of a core")
-        per_kind_s = took if per_kind_s is None else (per_kind_s + took) / 2
-        progress.replan(per_kind_s * (len(servers) - i) + args.duration_seconds + STOP_TIMEOUT_S / 2 + 20)
-    return results
+        kind = todo[0]
+        total = len(starting.ready) + len(starting.warming) + len(starting.spawning)
+        progress.where = f"1/3 alone {len(results) + 1}/{total} {kind}"
+        m = measure_one(kind, starting.ready[kind], starting, args, progress, failed)
+        if m is not None:
+            results[kind] = m
+            per_kind = sum(x["measured_s"] for x in results.values()) / len(results)
+            left = len(starting.warming) + len(starting.spawning) + len(todo) - 1
+            progress.replan(per_kind * left + args.duration_seconds + STOP_TIMEOUT_S / 2 + 20)
+    clock.mark("alone phase", f"{waited:.0f} s of it waiting for warm-ups; SERVING after " + ", ".join(
+        f"{k} {v:.0f} s" for k, v in starting.ready_s.items()))
+    return results, prom
 
 
 def locust_command(servers: dict, offers: dict, extra: list[str]) -> list[str]:
@@ -381,36 +430,63 @@ def write_report(run_dir: pathlib.Path, r: dict, alone: dict, prom: str | None, 
     return page
 
 
-def measure_and_report(stack: Stack, args, kinds: list[str], progress: Progress) -> tuple[dict, str | None, dict]:
+def alone_note(alone: dict, starting: up_start.Starting, windows: int) -> str:
+    idle = max(m["others_cpu_share"] for m in alone.values())
+    warming = max(m.get("warming_cpu_share", 0.0) for m in alone.values())
+    how = ("Each server alone, measured as soon as it was SERVING, while the others waited: idle ones used at "
+           f"most {idle:.0%} of a core during another's measurement")
+    if starting.overlap:
+        how += (f"; servers still warming up (torch.compile) ran at the lowest CPU priority meanwhile, on CPU time "
+                f"the measured server left unused, at most {warming:.0%} of a core")
+    return (how + ". C: the closed-loop concurrency each was measured at, the smallest that reached 90% of its "
+            f"ramp's best. Intervals: 95%, Student's t over {windows} windows; machine shared, so read them as "
+            "this run's.")
+
+
+def check_alive(servers: dict, failed: dict, when: str) -> None:
+    """A measured server that has exited since is reported as failed (its figures stand)."""
+    for kind, s in servers.items():
+        if s.proc.poll() is not None and kind not in failed:
+            failed[kind] = f"exited with {s.proc.returncode} {when}:\n{s.log()[-1500:]}"
+            print(f"[up] {kind} FAILED: {failed[kind]}", flush=True)
+
+
+def measure_and_report(stack: Stack, args, kinds: list[str], progress: Progress, clock: Clock) -> tuple:
+    """Start, phase 1, phase 2, the report: (measured servers, Prometheus URL, {"page", "offers", "failed"})."""
     threads = up_sizing.threads_per_server(os.cpu_count() or 1, len(kinds))
     progress.where = "0/3 start"
-    servers, failed = start_servers(stack, kinds, args.model, threads, args.ready_timeout_seconds, progress)
-    if not servers:
-        raise StackError("no server started: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))
-    prom = start_prometheus(stack, servers, progress)
-    alone = phase_alone(servers, args, progress, failed)
+    flags = {"model": args.model, "intra_op_threads": threads, "inter_op_threads": 1}
+    overlap, why = (False, "--no-overlap: every server first") if args.no_overlap else \
+        up_start.overlap_allowed(os.cpu_count() or 1, os.getloadavg()[0])
+    progress(why)
+    starting = up_start.Starting(stack.run_dir, kinds, flags, args.ready_timeout_seconds, free_port, progress,
+                                 overlap=overlap,
+                                 on_bound=lambda kind, s: stack.procs.append(Proc(kind, s.proc, s.log_path)))
+    alone, prom = phase_alone(stack, starting, args, progress, clock)
+    failed = starting.failed
     if not alone:
         raise StackError("no server could be measured: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))
+    servers = {k: starting.ready[k] for k in alone}
     rows = up_report.ranking(alone)
-    idle = max(m["others_cpu_share"] for m in alone.values())
     r = {"started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(progress.wall_start)),
          "settings": settings_of(args, threads, kinds), "ranking": rows, "failed": failed,
-         "ranking_md": up_report.ranking_markdown(rows, failed),
-         "alone_note": f"Each server alone in turn while the others stayed up and idle (they used at most "
-                       f"{idle:.0%} of a core during another's measurement). C: the closed-loop concurrency each "
-                       f"was measured at, the smallest that reached 90% of its ramp's best. Intervals: 95%, "
-                       f"Student's t over {args.windows} windows; machine shared, so read them as this run's."}
-    print("\n" + r["ranking_md"] + "\n", flush=True)
+         "serving_after_s": {k: round(v, 1) for k, v in starting.ready_s.items()},
+         "alone_note": alone_note(alone, starting, args.windows)}
+    print("\n" + up_report.ranking_markdown(rows, failed) + "\n", flush=True)
     c = phase_contended(stack, servers, alone, args, progress)
-    r.update(contended=c, contended_md=c["md"],
+    clock.mark("all-at-once phase")
+    check_alive(servers, failed, "during or before the all-at-once phase (its alone figures stand)")
+    r.update(contended=c, contended_md=c["md"], ranking_md=up_report.ranking_markdown(rows, failed),
              contended_note=f"One trainer rank per server, one-sequence RPCs, rollouts of "
                             f"{next(iter(c['offers'].values()))['rollout_size']} sequences paced at "
                             f"{args.utilization:.0%} of each server's capacity share; makespan: the wait for one "
                             f"whole rollout's scores.")
     print("\n" + c["md"] + "\n", flush=True)
     r["wall_s"] = time.monotonic() - progress.t0
+    r["phases"] = clock.phases
     page = write_report(stack.run_dir, r, alone, prom, progress)
-    return servers, prom, {"page": page, "offers": c["offers"]}
+    clock.mark("report")
+    return servers, prom, {"page": page, "offers": c["offers"], "failed": failed}
 
 
 def keep_running(stack: Stack, servers: dict, prom: str | None, offers: dict, page: pathlib.Path) -> None:
@@ -426,9 +502,10 @@ def keep_running(stack: Stack, servers: dict, prom: str | None, offers: dict, pa
     if prom:
         print(f"[up]   Prometheus: {prom}")
     print(f"[up]   Locust web UI: http://127.0.0.1:{port}\n[up]   report: {page}", flush=True)
-    while all(p.popen.poll() is None for p in stack.procs if p.name != "locust"):
+    watched = [p for p in stack.procs if p.name != "locust" and p.popen.poll() is None]  # not the failed
+    while all(p.popen.poll() is None for p in watched):
         time.sleep(1)
-    gone = [p.name for p in stack.procs if p.name != "locust" and p.popen.poll() is not None]
+    gone = [p.name for p in watched if p.popen.poll() is not None]
     raise StackError(f"{', '.join(gone)} exited; stopping the rest")
 
 
@@ -437,8 +514,6 @@ def parse_kinds(spec: str) -> list[str]:
     unknown = [k for k in kinds if k not in KINDS]
     if unknown or not kinds:
         raise StackError(f"--kinds {spec!r}: unknown {unknown}; choose from {', '.join(ALL_KINDS)}")
-    if "cpp-grpc" in kinds and not launch.CPP_BINARY.exists():
-        raise StackError(f"{launch.CPP_BINARY} is missing; run scripts/setup.sh")
     return kinds
 
 
@@ -457,13 +532,17 @@ def up(args) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     # A first guess of the wall time; replanned from the first server's measurement on.
-    progress = Progress(90 + 30 * len(kinds) + args.duration_seconds + STOP_TIMEOUT_S / 2 + 20)
+    progress = Progress(60 + 30 * len(kinds) + args.duration_seconds + STOP_TIMEOUT_S / 2 + 20)
+    clock = Clock()
     try:
-        servers, prom, out = measure_and_report(stack, args, kinds, progress)
+        servers, prom, out = measure_and_report(stack, args, kinds, progress, clock)
         print(f"[up] report: {out['page']}\n[up] logs, Locust CSV/JSON, result.json, plots: {run_dir}", flush=True)
-        print(f"[up] wall time {time.monotonic() - progress.t0:.0f} s", flush=True)
         if args.keep_running:
             keep_running(stack, servers, prom, out["offers"], out["page"])
+        if out["failed"]:
+            print(f"[up] exit status {EXIT_SOME_FAILED}: {len(out['failed'])} of {len(kinds)} server kinds failed "
+                  f"({', '.join(out['failed'])}); the ranking holds the others", flush=True)
+            return EXIT_SOME_FAILED
         return 0
     except StackError as e:
         print(f"[up] FAILED: {e}", flush=True)
@@ -472,8 +551,12 @@ def up(args) -> int:
         print("[up] interrupted", flush=True)
         return 130
     finally:
+        if not clock.phases or clock.phases[-1]["phase"] != "report":
+            clock.mark("until it stopped early")
         print("[up] stopping everything it started ...", flush=True)
         stack.stop()
+        clock.mark("stop")
+        print(f"[up] wall time {time.monotonic() - progress.t0:.0f} s: {clock.breakdown()}", flush=True)
 
 
 def add_parsers(sub) -> None:
@@ -500,6 +583,9 @@ def add_parsers(sub) -> None:
                    help="phase 2 offers each server this fraction of its capacity share (default: %(default)s)")
     p.add_argument("--ready-timeout-seconds", type=float, default=900,
                    help="time allowed for warm-up, torch.compile included (default: %(default)s)")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="measure no server until every one is SERVING (by default, on a machine with CPU to "
+                        "spare, the first ready are measured while torch.compile still warms up at nice 19)")
     p.add_argument("--keep-running", action="store_true",
                    help="leave servers, Prometheus and a Locust web UI up after the report, until Ctrl-C")
     p.set_defaults(func=up)

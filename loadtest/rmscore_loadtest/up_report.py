@@ -149,7 +149,7 @@ def contended_series(base: str, start: float, end: float, step: float) -> dict[s
     """Phase 2 over time per server (`service`, the label the run's Prometheus config gives each
     target): sequences/s, request p99 and queue depth, over a rate window of a few scrapes."""
     w = f"{max(5, round(4 * step))}s"
-    start += int(w[:-1])  # the first rate window would reach back into phase 1
+    start = min(start + int(w[:-1]), end)  # the first rate window would reach back into phase 1
     exprs = {
         "sequences/s": f"sum by (service) (rate(rmscore_sequences_scored_total[{w}]))",
         "request p99 (s)": f"histogram_quantile(0.99, sum by (service, le) "
@@ -280,7 +280,9 @@ def html(r: dict, images: list[pathlib.Path]) -> str:
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>rmscore up {_e(r['started'])}</title>"
              f"<style>{STYLE}</style></head><body>",
              f"<h1>rmscore up: which runtime is fastest here</h1><p class='note'>{_e(r['started'])}, "
-             f"{_e(s['cores'])} cores ({_e(s['cpu'])}), wall time {r['wall_s']:.0f} s.</p>",
+             f"{_e(s['cores'])} cores ({_e(s['cpu'])}), wall time {r['wall_s']:.0f} s"
+             + "".join(f"; {_e(p['phase'])} {p['took_s']:.0f} s" + (f" ({_e(p['note'])})" if p.get("note") else "")
+                       for p in r.get("phases", [])) + ".</p>",
              "<h2>1. Each server alone</h2>", _md_table(r["ranking_md"]),
              f"<p class='note'>{_e(r['alone_note'])}</p>",
              "<h2>2. All at once (Locust RLHF users)</h2>", _md_table(r.get("contended_md", "")),

@@ -3,6 +3,8 @@
 One run with every phase shrunk to seconds and `--keep-running`: the stack must stay up (Locust
 web UI and Prometheus answer), stop on Ctrl-C, leave no process behind, and leave a ranking of
 every started kind and a report page that headless Chromium renders with every image loaded.
+A second, smaller run has one server killed as it starts: the other is still ranked, the dead one
+is a failed row in the table and on the page, nothing is left running and the exit status is 3.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from rmscore.tools import launch
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RMSCORE = pathlib.Path(sys.executable).with_name("rmscore")
 KINDS = [k for k in ("cpp-grpc", "py-grpc-onnxruntime", "py-http-onnxruntime") if k in launch.built_kinds()]
+# A ramp of C = 1, 2 only: a level of 4 in flight costs seconds per kind on 2 busy cores, and the
+# ranking's machinery is the same.
 SMALL = ["--duration-seconds", "12", "--windows", "3", "--window-seconds", "1", "--ramp-window-seconds", "0.5",
-         "--max-concurrency", "4", "--warmup-seconds", "0.5"]
+         "--max-concurrency", "2", "--warmup-seconds", "0.5"]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed (setup.sh)")
@@ -45,6 +49,16 @@ def processes_naming(text: str) -> list[str]:
             if text in cmd:
                 found.append(f"{d.name}: {cmd[:200]}")
     return found
+
+
+def wait_for_process(text: str, timeout_s: float) -> int:
+    """The PID of the first live process whose command line contains `text`."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if found := processes_naming(text):
+            return int(found[0].split(":")[0])
+        time.sleep(0.02)
+    raise AssertionError(f"no process naming {text!r} within {timeout_s} s")
 
 
 def wait_for_line(proc: subprocess.Popen, pattern: str, log: list[str], timeout_s: float) -> re.Match:
@@ -134,3 +148,29 @@ def test_page_renders_in_headless_chromium_with_every_image(run, tmp_path):
     widths = [int(w) for w in re.findall(r'data-natural-width="(\d+)"', dom)]
     assert len(widths) == 4 and all(w > 100 for w in widths), (widths, dom[:500])
     assert "rmscore up: which runtime is fastest here" in dom
+
+
+@pytest.mark.skipif("cpp-grpc" not in launch.built_kinds(), reason="the C++ server is not built")
+def test_a_server_that_dies_is_reported_and_the_others_still_ranked(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen([str(RMSCORE), "up", "--kinds", "cpp-grpc,py-grpc-onnxruntime", "--out", str(out),
+                             *SMALL[2:], "--duration-seconds", "4", "--windows", "2"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        # Killed as soon as it exists (its port file is in the run directory), by its PID.
+        os.kill(wait_for_process(f"{out}/py-grpc-onnxruntime/ports.json", 60), signal.SIGKILL)
+        log, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 3, log[-3000:]
+    assert re.search(r"exit status 3: 1 of 2 server kinds failed \(py-grpc-onnxruntime\)", log), log[-3000:]
+    result = json.loads((out / "result.json").read_text())
+    assert [r["kind"] for r in result["ranking"]] == ["cpp-grpc"]
+    assert list(result["failed"]) == ["py-grpc-onnxruntime"]
+    assert "-9" in result["failed"]["py-grpc-onnxruntime"]  # the cause: killed (SIGKILL)
+    for text in (log, (out / "summary.md").read_text()):
+        assert re.search(r"\| - \| py-grpc-onnxruntime \| failed: ", text), text[-2000:]
+    assert "<td>py-grpc-onnxruntime</td><td>failed: " in (out / "index.html").read_text()
+    assert processes_naming(str(out)) == []
