@@ -16,6 +16,19 @@ _HTTP_CODES = {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 413: "RESOURCE_
                504: "DEADLINE_EXCEEDED"}
 
 
+#: Idle connections are dropped after this, before uvicorn's 5 s keep-alive closes them: with equal
+#: limits a request could leave on a connection the server was closing (a ReadError('') with no answer).
+KEEPALIVE_EXPIRY_S = 2.0
+
+
+def http_limits(max_connections: int = 100):
+    """httpx's default pool sizes with idle connections expiring before the server's keep-alive."""
+    import httpx
+
+    return httpx.Limits(max_connections=max_connections, max_keepalive_connections=20,
+                        keepalive_expiry=KEEPALIVE_EXPIRY_S)
+
+
 class AsyncHttpRewardClient(_AsyncClientBase):
     """The same interface over the FastAPI server's JSON API (`base_url` like http://host:8000).
 
@@ -52,7 +65,7 @@ class AsyncHttpRewardClient(_AsyncClientBase):
 
             self._http = httpx.AsyncClient(base_url=self.base_url, headers=self.headers, timeout=None,
                                            verify=self._verify,
-                                           limits=httpx.Limits(max_connections=max(self.max_concurrency * 2, 10)))
+                                           limits=http_limits(max(self.max_concurrency * 2, 10)))
         return self._http
 
     async def close(self) -> None:

@@ -25,13 +25,6 @@ from __future__ import annotations
 TRANSPORTS = ("grpc", "http")
 DEFAULT_TIMEOUT_S = 120.0
 UNLIMITED_CONCURRENCY = 4096
-# uvicorn (the FastAPI server) closes a connection after 5 s idle, and httpx keeps an idle one
-# for 5 s too. With equal limits a request can leave on a connection the server is closing at
-# that instant: the server resets it and the call fails before any response byte with
-# ReadError('') (seen in `rmscore up`'s contended phase, where a trainer rank idles about 5 s
-# between rollouts). Expiring idle connections well before the server's limit leaves no such
-# edge; the cost is one loopback connect after an idle gap.
-KEEPALIVE_EXPIRY_S = 2.0
 SCORE_METHOD = "/rmscore.v1.RewardModel/Score"
 STREAM_METHOD = "/rmscore.v1.RewardModel/ScoreStream"
 
@@ -47,34 +40,12 @@ def target_of(server) -> str:
 
 
 def http_limits(max_connections: int = 100):
-    """httpx's default pool sizes with idle connections expiring before the server's keep-alive."""
-    import httpx
+    """The client's pool limits: idle connections expire before uvicorn's keep-alive closes them
+    (rmscore_client.http_client.KEEPALIVE_EXPIRY_S says why). Imported here, on first use, to keep
+    this module light."""
+    from rmscore_client.http_client import http_limits as limits
 
-    return httpx.Limits(max_connections=max_connections, max_keepalive_connections=20,
-                        keepalive_expiry=KEEPALIVE_EXPIRY_S)
-
-
-_http_class = None
-
-
-def _measuring_http_class():
-    """rmscore_client's HTTP client with its httpx pool built on `http_limits` (KEEPALIVE_EXPIRY_S);
-    made on first use, so that importing this module loads neither httpx nor the client."""
-    global _http_class
-    if _http_class is None:
-        import httpx
-        import rmscore_client
-
-        class MeasuringHttpClient(rmscore_client.AsyncHttpRewardClient):
-            def _client(self):
-                if self._http is None:
-                    self._http = httpx.AsyncClient(base_url=self.base_url, headers=self.headers, timeout=None,
-                                                   verify=self._verify,
-                                                   limits=http_limits(max(self.max_concurrency * 2, 10)))
-                return self._http
-
-        _http_class = MeasuringHttpClient
-    return _http_class
+    return limits(max_connections)
 
 
 def async_client(transport: str, target: str, chunk_size: int = 8, timeout_s: float = DEFAULT_TIMEOUT_S):
@@ -82,7 +53,7 @@ def async_client(transport: str, target: str, chunk_size: int = 8, timeout_s: fl
     import rmscore_client
 
     _check(transport)
-    cls = rmscore_client.AsyncRewardClient if transport == "grpc" else _measuring_http_class()
+    cls = rmscore_client.AsyncRewardClient if transport == "grpc" else rmscore_client.AsyncHttpRewardClient
     return cls(target, chunk_size=chunk_size, max_concurrency=UNLIMITED_CONCURRENCY, timeout_s=timeout_s,
                retry=rmscore_client.NO_RETRY)
 

@@ -25,9 +25,10 @@ import httpx
 import pytest
 
 from rmscore_loadtest import caller
+from rmscore_client.http_client import KEEPALIVE_EXPIRY_S
 
-SERVER_IDLE_LIMIT_S = caller.KEEPALIVE_EXPIRY_S + 0.3
-IDLE_S = caller.KEEPALIVE_EXPIRY_S + 0.6  # between the two limits: past ours, short of httpx's 5 s
+SERVER_IDLE_LIMIT_S = KEEPALIVE_EXPIRY_S + 0.3
+IDLE_S = KEEPALIVE_EXPIRY_S + 0.6  # between the two limits: past ours, short of httpx's 5 s
 
 
 class _Handler(socketserver.StreamRequestHandler):
