@@ -21,6 +21,7 @@ from typing import Callable
 
 import numpy as np
 
+from rmscore.core.cost import CostModel
 from rmscore.core.errors import Code, ScoreError
 from rmscore.core.metrics import Metrics
 from rmscore.core.planner import PlannerConfig, Waiting, plan
@@ -98,6 +99,8 @@ class Batcher:
         planner: PlannerConfig
         max_queue_sequences: int = 4096
         pad_token_id: int = 0
+        # What batches cost here (cost_aware plans with it; every run refines it). Guarded by _mu.
+        cost: CostModel | None = None
 
     def __init__(self, opts: Options, model: BatchModel, metrics: Metrics,
                  abort: Callable[[], None] | None = None):
@@ -214,7 +217,8 @@ class Batcher:
                 self._work_cv.wait()
                 continue
             now = _now_us()
-            decision = plan(self._waiting_locked(), now, self._opts.planner)
+            cost = self._opts.cost.table if self._opts.cost is not None else None
+            decision = plan(self._waiting_locked(), now, self._opts.planner, cost)
             expired = ScoreError(Code.DEADLINE_EXCEEDED, "deadline exceeded before scoring")
             for seq_id in decision.expired:
                 # All of a job's sequences share its deadline: the first one fails (and removes) them all.
@@ -263,6 +267,8 @@ class Batcher:
             self._metrics.sequences_scored(len(b.seqs))
         answers: list[Job] = []
         with self._mu:
+            if self._opts.cost is not None and error is None:
+                self._opts.cost.observe(len(b.seqs), b.input_ids.shape[1], ms / 1e3)
             self._scored_locked(b, scores, ms, answers)
             if error is not None:
                 # Each job of the batch fails once; its sequences still queued never reach the model.
