@@ -23,6 +23,23 @@ class ConfigError(ValueError):
     pass
 
 
+#: --model-workers auto: measured at warm-up (runtimes/workers.py).
+AUTO_WORKERS = 0
+
+
+def parse_workers(value: str) -> int:
+    """--model-workers: "auto" (AUTO_WORKERS) or a count >= 1."""
+    if value == "auto":
+        return AUTO_WORKERS
+    try:
+        count = int(value)
+    except ValueError:
+        count = -1
+    if count < 1:
+        raise ConfigError(f"--model-workers: must be 'auto' or an integer >= 1, got {value!r}")
+    return count
+
+
 #: The most of --drain-grace-seconds kept for failing what is left and closing the transports after the
 #: drain (docs/contract.md); the C++ server's kShutdownReserveMaxS.
 SHUTDOWN_RESERVE_MAX_S = 3.0
@@ -76,6 +93,8 @@ class ServeConfig:
     #: warm-up within --cost-profile-seconds and saved here. None: measured, not saved.
     cost_profile: pathlib.Path | None = None
     cost_profile_seconds: float = 10.0
+    #: Model sessions run in parallel, each with intra_op_threads / model_workers threads; AUTO_WORKERS: measured.
+    model_workers: int = 1
     # Access control (docs/contract.md): TLS with both files, a shared bearer token from a
     # file (never a flag value, so it does not show in `ps`). None: off.
     tls_cert_file: pathlib.Path | None = None
@@ -112,6 +131,9 @@ class ServeConfig:
             check(value >= 1, flag, "must be >= 1", value)
         check(self.max_queue_delay_ms >= 0, "max-queue-delay-ms", "must be >= 0", self.max_queue_delay_ms)
         check(self.drain_grace_seconds > 0, "drain-grace-seconds", "must be > 0", self.drain_grace_seconds)
+        check(self.model_workers <= self.intra_op_threads, "model-workers",
+              f"each worker needs an intra-op thread: must be <= --intra-op-threads ({self.intra_op_threads})",
+              self.model_workers)
         check(self.cost_profile_seconds > 0, "cost-profile-seconds", "must be > 0", self.cost_profile_seconds)
         check(self.cost_profile is None or self.cost_profile.parent.is_dir(), "cost-profile",
               "must be a file in an existing directory", str(self.cost_profile))
@@ -192,6 +214,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-key-file", default=None, help="PEM private key of --tls-cert-file")
     p.add_argument("--auth-token-file", default=None,
                    help="file holding a shared bearer token required on every call but health")
+    p.add_argument("--model-workers", default="1",
+                   help="model sessions run in parallel, each with intra-op-threads / N threads; 'auto' measures "
+                        "1, 2, 4 ... at warm-up and keeps the fastest (default: %(default)s)")
     p.add_argument("--cost-profile", default=None,
                    help="cost table file: loaded when it exists (refused if measured for another model, backend, "
                         "device, precision or thread count), else measured at warm-up and saved there")
@@ -212,7 +237,8 @@ def from_args(a: argparse.Namespace) -> ServeConfig:
         max_connection_age_grace_seconds=a.max_connection_age_grace_seconds,
         tls_cert_file=_path("tls-cert-file", a.tls_cert_file), tls_key_file=_path("tls-key-file", a.tls_key_file),
         auth_token_file=_path("auth-token-file", a.auth_token_file),
-        cost_profile=_path("cost-profile", a.cost_profile), cost_profile_seconds=a.cost_profile_seconds)
+        cost_profile=_path("cost-profile", a.cost_profile), cost_profile_seconds=a.cost_profile_seconds,
+        model_workers=parse_workers(a.model_workers))
 
 
 def _path(flag: str, value: str | None) -> pathlib.Path | None:

@@ -21,15 +21,17 @@ from rmscore.core.cost import CostError, CostTable, grid
 
 FORMAT = "rmscore-cost-profile/1"
 #: What a profile must match, in the order a mismatch is reported.
-IDENTITY_KEYS = ("model", "model_version", "backend", "device", "precision", "intra_op_threads")
+#: model_workers 0 (--model-workers auto) matches any count: the server then runs the profile's.
+IDENTITY_KEYS = ("model", "model_version", "backend", "device", "precision", "intra_op_threads", "model_workers")
 
 
 class ProfileError(ValueError):
     pass
 
 
-def load(path: pathlib.Path, identity: dict) -> CostTable:
-    """The table in `path`, or ProfileError saying why it cannot be used by a server of `identity`."""
+def load(path: pathlib.Path, identity: dict) -> tuple[CostTable, int]:
+    """The table in `path` and the model workers it was measured with, or ProfileError saying why it
+    cannot be used by a server of `identity`."""
     where = f"--cost-profile {path}"
     try:
         doc = json.loads(path.read_text())
@@ -40,11 +42,13 @@ def load(path: pathlib.Path, identity: dict) -> CostTable:
         raise ProfileError(f"{where}: not a cost profile (format {got!r}, expected {FORMAT!r})")
     theirs = doc.get("identity") if isinstance(doc.get("identity"), dict) else {}
     for key in IDENTITY_KEYS:
+        if key == "model_workers" and identity[key] == 0 and isinstance(theirs.get(key), int) and theirs[key] >= 1:
+            continue
         if theirs.get(key) != identity[key]:
             raise ProfileError(f"{where}: measured for {key}={theirs.get(key)!r}, but this server runs "
                                f"{key}={identity[key]!r}; remove the file (or name another) to measure again")
     try:
-        return CostTable.from_json(doc.get("table"))
+        return CostTable.from_json(doc.get("table")), theirs["model_workers"]
     except CostError as e:
         raise ProfileError(f"{where}: corrupt table: {e}") from None
 
