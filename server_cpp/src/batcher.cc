@@ -126,7 +126,7 @@ std::optional<Batcher::Batch> Batcher::NextBatchLocked(std::unique_lock<std::mut
       continue;
     }
     const int64_t now = NowUs();
-    const Decision d = Plan(WaitingLocked(), now, opts_.planner);
+    const Decision d = Plan(WaitingLocked(), now, opts_.planner, opts_.cost ? &opts_.cost->table() : nullptr);
     const grpc::Status expired(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded before scoring");
     for (uint64_t id : d.expired) {
       // All of a job's sequences share its deadline: the first one fails (and removes) them all.
@@ -194,6 +194,7 @@ void Batcher::Run(const Batch& b) {
   Answers answers;
   {
     std::lock_guard<std::mutex> lk(mu_);
+    if (opts_.cost && error.ok()) opts_.cost->Observe(int64_t(b.seqs.size()), b.packed.longest, ms / 1e3);
     ScoredLocked(b, scores, ms, &answers);
     if (!error.ok()) {
       // Each job of the batch fails once; its sequences still queued never reach the model.

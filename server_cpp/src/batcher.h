@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "cost.h"
 #include "metrics.h"
 #include "planner.h"
 #include "validation.h"
@@ -77,6 +78,9 @@ class Batcher {
     PlannerConfig planner;
     int64_t max_queue_sequences = 4096;
     int64_t pad_token_id = 0;
+    // What batches cost here: cost_aware plans with its table, and every successful run refines it.
+    // Shared with whoever made it (a test reads it after Stop); guarded by mu_ while the batcher runs.
+    std::shared_ptr<CostModel> cost;
   };
   // `abort` (optional) makes a model run in progress fail; Stop uses it.
   Batcher(const Options& opts, BatchModel model, Metrics* metrics, std::function<void()> abort = nullptr);

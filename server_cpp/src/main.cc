@@ -2,13 +2,16 @@
 //
 // Order: flags -> manifest -> metrics endpoint -> gRPC bound (health
 // NOT_SERVING, calls refused "not ready: warming up") -> port file -> model
-// loaded, warmed up (--warmup-rounds) and golden self-check -> SERVING. On SIGTERM/SIGINT: NOT_SERVING,
+// loaded, warmed up (--warmup-rounds), cost table measured or loaded (--batching cost_aware,
+// --cost-profile) and golden self-check -> SERVING. A --cost-profile file that is corrupt or
+// measured for another server refuses to start (exit code 2) before anything loads. On SIGTERM/SIGINT: NOT_SERVING,
 // new calls refused "not ready: draining", accepted work finished, exit 0.
 #include <google/protobuf/stubs/logging.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <chrono>
@@ -16,10 +19,14 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <random>
 #include <sstream>
 
 #include "batcher.h"
 #include "config.h"
+#include "cost.h"
+#include "cost_profile.h"
 #include "manifest.h"
 #include "metrics.h"
 #include "model_runner.h"
@@ -79,6 +86,70 @@ void WarmUp(ModelRunner& runner, const Config& cfg, const sigset_t& signals) {
   std::cout << "rmscore warm-up rounds=" << round << " warmup_s=" << SecondsSince(t) << std::endl;
 }
 
+// What a cost profile must match (cost_profile.h): the same keys and values as the Python ONNX Runtime
+// server's, so either server loads a profile the other wrote on the same machine.
+nlohmann::ordered_json CostIdentity(const Config& cfg, const Manifest& m) {
+  return {{"model", m.name},
+          {"model_version", m.version},
+          {"backend", "onnxruntime"},
+          {"device", ToString(cfg.device)},
+          {"precision", ToString(cfg.precision)},
+          {"intra_op_threads", cfg.intra_op_threads}};
+}
+
+// The table in --cost-profile when that file exists. Checked before anything loads, so a wrong or
+// corrupt profile refuses to start at once, as a bad flag does (ConfigError: exit code 2).
+std::optional<CostTable> LoadSavedProfile(const Config& cfg, const nlohmann::ordered_json& identity) {
+  struct stat st {};
+  if (cfg.cost_profile.empty() || ::stat(cfg.cost_profile.c_str(), &st) != 0) return std::nullopt;
+  try {
+    CostTable table = cost_profile::Load(cfg.cost_profile, identity);
+    std::cout << "rmscore cost profile loaded from " << cfg.cost_profile << std::endl;
+    return table;
+  } catch (const cost_profile::ProfileError& e) {
+    throw ConfigError(e.what());
+  }
+}
+
+// `b` sequences of `n` random ids from the vocabulary's upper part (clear of special tokens), unpadded.
+PackedBatch RandomBatch(int64_t b, int64_t n, int64_t vocab_size, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int64_t> id(std::min<int64_t>(1000, vocab_size - 1), vocab_size - 1);
+  PackedBatch batch;
+  batch.batch = b;
+  batch.longest = n;
+  for (int64_t i = 0; i < b * n; ++i) batch.input_ids.push_back(id(rng));
+  batch.attention_mask.assign(size_t(b * n), 1);
+  batch.real_tokens = b * n;
+  return batch;
+}
+
+// The cost table: the profile loaded at start, or measured now within --cost-profile-seconds (and
+// saved with --cost-profile). nullptr when nothing plans with it and no profile was asked for:
+// measuring costs start-up time.
+std::shared_ptr<CostModel> MakeCostModel(const Config& cfg, const Manifest& m, ModelRunner& runner,
+                                         const nlohmann::ordered_json& identity, std::optional<CostTable> table) {
+  if (cfg.batching != BatchingMode::kCostAware && cfg.cost_profile.empty()) return nullptr;
+  if (!table) {
+    std::mt19937_64 rng(0);
+    auto run = [&](int64_t b, int64_t n) {
+      const PackedBatch batch = RandomBatch(b, n, m.vocab_size, rng);
+      const Clock::time_point t = Clock::now();
+      runner.Run(batch);
+      return SecondsSince(t);
+    };
+    auto progress = [](const std::string& line) { std::cout << "rmscore " << line << std::endl; };
+    const cost_profile::Measured got =
+        cost_profile::Measure(run, cfg.max_batch_size, m.max_sequence_length, cfg.cost_profile_seconds, progress);
+    table = got.table;
+    if (!cfg.cost_profile.empty()) {
+      cost_profile::Save(cfg.cost_profile, *table, identity, got.seconds);
+      std::cout << "rmscore cost profile saved to " << cfg.cost_profile << std::endl;
+    }
+  }
+  std::cout << cost_profile::Describe(*table) << std::endl;
+  return std::make_shared<CostModel>(*table);
+}
+
 // Blocks until SIGTERM or SIGINT (blocked in every thread since start).
 int WaitForSignal(const sigset_t& signals) {
   int sig = 0;
@@ -122,26 +193,35 @@ void SelfCheck(ModelRunner& runner, const Manifest& manifest, const Config& cfg)
   }
 }
 
-// Loads, warms up and self-checks the model; nullptr when a stop signal came first (it is checked
-// before the self-check too: no need to wait for it).
-std::unique_ptr<ModelRunner> LoadModel(const Config& cfg, const Manifest& manifest, const sigset_t& signals) {
+struct Loaded {
+  std::unique_ptr<ModelRunner> runner;  // nullptr: a stop signal came first
+  std::shared_ptr<CostModel> cost;      // nullptr: not planned with (see MakeCostModel)
+};
+
+// Loads, warms up, measures the cost table (unless `profiled` has it) and self-checks the model; stops
+// early when a stop signal came first (it is checked before each step: no need to wait for it).
+Loaded LoadModel(const Config& cfg, const Manifest& manifest, const sigset_t& signals,
+                 const nlohmann::ordered_json& identity, std::optional<CostTable> profiled) {
   auto runner = std::make_unique<ModelRunner>(cfg, manifest);
   WarmUp(*runner, cfg, signals);
-  if (StopPending(signals)) return nullptr;
+  if (StopPending(signals)) return {};
+  std::shared_ptr<CostModel> cost = MakeCostModel(cfg, manifest, *runner, identity, std::move(profiled));
+  if (StopPending(signals)) return {};
   SelfCheck(*runner, manifest, cfg);
-  if (StopPending(signals)) return nullptr;
-  return runner;
+  if (StopPending(signals)) return {};
+  return {std::move(runner), std::move(cost)};
 }
 
 // Serves until SIGTERM/SIGINT, then drains: accepted work may run until the grace less the shutdown
 // reserve, what is left fails, and the transports close (docs/cpp_server.md, "Shutdown").
-void ServeAndDrain(const Config& cfg, const Manifest& manifest, ModelRunner& runner, RewardModelService& service,
+void ServeAndDrain(const Config& cfg, const Manifest& manifest, const Loaded& loaded, RewardModelService& service,
                    grpc::Server& server, Metrics& metrics, const sigset_t& signals, Clock::time_point t0) {
   Batcher::Options bopts;
   bopts.planner = PlannerConfig{cfg.max_batch_size, cfg.max_batch_tokens, cfg.max_queue_delay_us(), cfg.batching};
   bopts.max_queue_sequences = cfg.max_queue_sequences;
   bopts.pad_token_id = manifest.pad_token_id;
-  ModelRunner* model = &runner;
+  bopts.cost = loaded.cost;
+  ModelRunner* model = loaded.runner.get();
   Batcher batcher(
       bopts, [model](const PackedBatch& b) { return model->Run(b); }, &metrics, [model] { model->Abort(); });
   service.StartServing(&batcher);
@@ -169,6 +249,8 @@ void ServeAndDrain(const Config& cfg, const Manifest& manifest, ModelRunner& run
 int Run(const Config& cfg, const sigset_t& signals) {
   const Clock::time_point t0 = Clock::now();
   const Manifest manifest = LoadManifest(cfg.model_dir);
+  const nlohmann::ordered_json identity = CostIdentity(cfg, manifest);
+  std::optional<CostTable> profiled = LoadSavedProfile(cfg, identity);
   std::string tokenizer_json = ReadFile(manifest.TokenizerPath());
 
   Metrics metrics(manifest.name, manifest.version, ToString(cfg.device));
@@ -180,21 +262,21 @@ int Run(const Config& cfg, const sigset_t& signals) {
   if (!cfg.port_file.empty()) WritePortFile(cfg.port_file, port, metrics_port);
   std::cout << "rmscore listening port=" << port << " metrics_port=" << metrics_port << std::endl;
 
-  std::unique_ptr<ModelRunner> runner;
+  Loaded loaded;
   try {
-    runner = LoadModel(cfg, manifest, signals);
+    loaded = LoadModel(cfg, manifest, signals, identity, std::move(profiled));
   } catch (...) {
     server->Shutdown(std::chrono::system_clock::now());
     throw;
   }
-  if (!runner) {  // stopped while loading, warming up or self-checking: never SERVING, nothing to drain
+  if (!loaded.runner) {  // stopped while loading, warming up or self-checking: never SERVING, nothing to drain
     std::cout << "rmscore stopped during warm-up" << std::endl;
     server->Shutdown(std::chrono::system_clock::now());
     server->Wait();
     metrics.StopServing();
     return 0;
   }
-  ServeAndDrain(cfg, manifest, *runner, service, *server, metrics, signals, t0);
+  ServeAndDrain(cfg, manifest, loaded, service, *server, metrics, signals, t0);
   return 0;
 }
 
@@ -234,6 +316,9 @@ int main(int argc, char** argv) {
   }
   try {
     return rmscore::Run(cfg, signals);
+  } catch (const rmscore::ConfigError& e) {  // what only the model repository tells, e.g. a cost profile for another model
+    std::cerr << "rmscore-server-cpp: " << e.what() << std::endl;
+    return 2;
   } catch (const std::exception& e) {
     std::cerr << "rmscore-server-cpp: " << e.what() << std::endl;
     return 1;

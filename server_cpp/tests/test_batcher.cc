@@ -61,11 +61,14 @@ struct Harness {
   std::vector<std::vector<int64_t>> batches;  // the first id of each sequence of each batch the model saw
   std::unique_ptr<Batcher> batcher;
 
-  explicit Harness(int64_t max_batch_size, int64_t delay_us = 0, int64_t max_queue = 4096) {
+  // FIFO batching, or cost_aware with `cost`.
+  explicit Harness(int64_t max_batch_size, int64_t delay_us = 0, int64_t max_queue = 4096,
+                   std::shared_ptr<CostModel> cost = nullptr) {
     Batcher::Options o;
-    o.planner = PlannerConfig{max_batch_size, 1 << 20, delay_us, BatchingMode::kFifo};
+    o.planner = PlannerConfig{max_batch_size, 1 << 20, delay_us, cost ? BatchingMode::kCostAware : BatchingMode::kFifo};
     o.max_queue_sequences = max_queue;
     o.pad_token_id = 0;
+    o.cost = std::move(cost);
     batcher = std::make_unique<Batcher>(o, [this](const PackedBatch& b) { return Model(b); }, &metrics, [this] {
       aborted = true;
       gate.Open();
@@ -373,6 +376,45 @@ TEST(Batcher, ManyConcurrentSubmittersEachAnsweredOnce) {
   }
   h.batcher->Stop();
   for (auto& s : all) EXPECT_EQ(*s->calls, 1);
+}
+
+// The CPU-like and GPU-like tables of contract/make_batching_vectors.py, injected: no timing.
+std::shared_ptr<CostModel> Costs(int64_t (*fn)(int64_t b, int64_t n)) {
+  const std::vector<int64_t> sizes = {1, 2, 4, 8, 16, 32, 64}, lengths = {16, 32, 64, 128, 256, 512};
+  std::vector<std::vector<int64_t>> rows;
+  for (int64_t b : sizes) {
+    rows.emplace_back();
+    for (int64_t n : lengths) rows.back().push_back(fn(b, n));
+  }
+  return std::make_shared<CostModel>(CostTable::Make(sizes, lengths, rows));
+}
+std::vector<int64_t> Tokens(int64_t id, int64_t n) { return std::vector<int64_t>(size_t(n), id); }
+int64_t CpuLike(int64_t b, int64_t n) { return 300 + 12 * b * n * (4 + b) / 4; }
+int64_t GpuLike(int64_t b, int64_t n) { return 5000 + 2 * b * n; }
+
+TEST(Batcher, CostAwareOnACpuLikeTableRunsEachSequenceAloneAtOnce) {
+  // A one-minute delay: only a batch the planner calls full runs. At 100 tokens one sequence is the
+  // best batch on this table (at a few tokens the fixed cost would make two the best).
+  auto cost = Costs(CpuLike);
+  Harness h(/*max_batch_size=*/8, /*delay_us=*/60'000'000, 4096, cost);
+  auto a = Submit(*h.batcher, {Tokens(1, 100), Tokens(2, 100), Tokens(3, 100)});
+  EXPECT_EQ(Get(*a).scores, (std::vector<float>{1100, 2100, 3100}));
+  EXPECT_EQ(h.Batches(), (Batches{{1}, {2}, {3}}));
+  h.batcher->Stop();  // the batcher thread has ended: the model may be read
+  EXPECT_EQ(cost->observed(), 3);  // every run refined the table
+}
+
+TEST(Batcher, CostAwareOnAGpuLikeTableWaitsForOneBigBatch) {
+  // A 20 ms delay: the sequences wait it out and run together (a big batch costs little more here).
+  auto cost = Costs(GpuLike);
+  Harness h(/*max_batch_size=*/64, /*delay_us=*/20'000, 4096, cost);
+  h.fail_on = 66;
+  auto a = Submit(*h.batcher, {Tokens(1, 100), Tokens(2, 100), Tokens(3, 100)});
+  EXPECT_EQ(Get(*a).scores, (std::vector<float>{1100, 2100, 3100}));
+  EXPECT_EQ(Get(*Submit(*h.batcher, {{66}})).status.error_code(), grpc::StatusCode::INTERNAL);
+  EXPECT_EQ(h.Batches(), (Batches{{1, 2, 3}, {66}}));
+  h.batcher->Stop();
+  EXPECT_EQ(cost->observed(), 1);  // a failed run is not a cost
 }
 
 }  // namespace
