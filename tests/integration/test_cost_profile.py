@@ -45,3 +45,24 @@ def test_a_profile_is_measured_saved_reused_and_refused_when_it_does_not_match(k
     assert "measured for intra_op_threads=1, but this server runs intra_op_threads=2" in out
     path.write_text(path.read_text()[:100])  # cut short: not JSON any more
     assert "cannot read a cost profile" in refused(kind, cost_profile=path)
+
+
+def test_the_profile_command_measures_saves_shows_and_refuses(tmp_path):
+    import sys
+
+    path, png = tmp_path / "cost.json", tmp_path / "cost.png"
+
+    def profile(*extra):
+        cmd = [sys.executable, "-m", "rmscore.cli", "profile", "--model", str(servers.MODEL), "--intra-op-threads", "1",
+               "--max-batch-size", "8", "--cost-profile-seconds", "1", "--cost-profile", str(path), "--out", str(png),
+               *extra]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=servers.ROOT)
+
+    first = profile()
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "model ms per sequence" in first.stdout and "saved to" in first.stdout
+    assert png.stat().st_size > 10_000  # a drawn plot, not an empty canvas
+    again = profile()
+    assert again.returncode == 0 and f"loaded from {path}" in again.stdout
+    wrong = profile("--backend", "eager")
+    assert wrong.returncode == 2 and "measured for backend='onnxruntime'" in wrong.stderr

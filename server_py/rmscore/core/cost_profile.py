@@ -29,6 +29,12 @@ class ProfileError(ValueError):
     pass
 
 
+def identity(repo, cfg) -> dict:
+    """What a profile for a server of this model repository and ServeConfig must match."""
+    return {"model": repo.name, "model_version": repo.version, "backend": cfg.backend, "device": cfg.device,
+            "precision": cfg.precision, "intra_op_threads": cfg.intra_op_threads, "model_workers": cfg.model_workers}
+
+
 def load(path: pathlib.Path, identity: dict) -> tuple[CostTable, int]:
     """The table in `path` and the model workers it was measured with, or ProfileError saying why it
     cannot be used by a server of `identity`."""

@@ -57,9 +57,7 @@ class ScoringCore:
         self._recompiles_lock = threading.Lock()  # model workers' threads count recompiles together
         self.backends: list = []
         # A saved profile is checked before anything loads: a wrong one refuses to start at once.
-        self.cost_identity = {"model": self.repo.name, "model_version": self.repo.version, "backend": cfg.backend,
-                              "device": cfg.device, "precision": cfg.precision,
-                              "intra_op_threads": cfg.intra_op_threads, "model_workers": cfg.model_workers}
+        self.cost_identity = cost_profile.identity(self.repo, cfg)
         self.cost_table: CostTable | None = None
         if cfg.cost_profile is not None and cfg.cost_profile.exists():
             try:
