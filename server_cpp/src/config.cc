@@ -154,6 +154,17 @@ const std::map<std::string, Setter>& Setters() {
       {"--cost-profile-seconds", [](Config& c, auto& f, auto& v) {
          c.cost_profile_seconds = ParseNumber(f, v, 0, true);
        }},
+      {"--model-workers", [](Config& c, auto& f, auto& v) {
+         if (v == "auto") {
+           c.model_workers = kAutoWorkers;
+           return;
+         }
+         try {
+           c.model_workers = int(ParseInt(f, v, 1, 1024));
+         } catch (const ConfigError&) {
+           Fail(f, "must be 'auto' or an integer >= 1, got '" + v + "'");
+         }
+       }},
       {"--tls-cert-file", [](Config& c, auto& f, auto& v) { c.tls_cert_file = NonEmpty(f, v); }},
       {"--tls-key-file", [](Config& c, auto& f, auto& v) { c.tls_key_file = NonEmpty(f, v); }},
       {"--auth-token-file", [](Config& c, auto& f, auto& v) { c.auth_token_file = NonEmpty(f, v); }},
@@ -174,12 +185,16 @@ std::optional<std::string> ReadWhole(const std::string& path) {
   }
 }
 
-// Same rule and message as server_py/rmscore/core/config.py: a request the queue can never hold
-// would be refused "queue full" forever, so the pair is refused at start.
+// Same rules and messages as server_py/rmscore/core/config.py: a request the queue can never hold
+// would be refused "queue full" forever, and a model worker needs at least one thread of its own.
 void CheckLimits(const Config& c) {
   if (c.max_sequences_per_request > c.max_queue_sequences) {
     Fail("--max-sequences-per-request", "must be <= --max-queue-sequences (" + std::to_string(c.max_queue_sequences) +
                                             "), got " + std::to_string(c.max_sequences_per_request));
+  }
+  if (c.model_workers > c.intra_op_threads) {
+    Fail("--model-workers", "each worker needs an intra-op thread: must be <= --intra-op-threads (" +
+                                std::to_string(c.intra_op_threads) + "), got " + std::to_string(c.model_workers));
   }
 }
 
@@ -260,6 +275,7 @@ std::string Usage() {
          "  --batching length_aware|fifo|cost_aware  --max-batch-size 32  --max-batch-tokens 8192\n"
          "  --cost-profile FILE (cost table: loaded when it exists, else measured at warm-up and saved there)\n"
          "  --cost-profile-seconds 10 (the measuring budget)\n"
+         "  --model-workers 1|N|auto (sessions in parallel, each with intra-op-threads / N threads; auto: measured)\n"
          "  --max-queue-delay-ms 2  --max-queue-sequences 4096  --max-sequences-per-request 1024\n"
          "  --max-request-bytes 16777216  --intra-op-threads 2  --inter-op-threads 1\n"
          "  --graph-optimization-level disable|basic|extended|all  --precision fp32|int8\n"

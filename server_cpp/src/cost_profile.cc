@@ -47,11 +47,11 @@ std::string Fixed(double x, int digits) {
 
 const std::vector<std::string>& IdentityKeys() {
   static const std::vector<std::string> keys = {"model", "model_version", "backend", "device", "precision",
-                                                "intra_op_threads"};
+                                                "intra_op_threads", "model_workers"};
   return keys;
 }
 
-CostTable Load(const std::string& path, const ordered_json& identity) {
+Profile Load(const std::string& path, const ordered_json& identity) {
   const std::string where = "--cost-profile " + path;
   json doc;
   {
@@ -70,13 +70,14 @@ CostTable Load(const std::string& path, const ordered_json& identity) {
   const json theirs = doc.contains("identity") && doc["identity"].is_object() ? doc["identity"] : json::object();
   for (const std::string& key : IdentityKeys()) {
     const json got = theirs.value(key, json()), ours(identity.at(key));
+    if (key == "model_workers" && ours == 0 && got.is_number_integer() && got >= 1) continue;
     if (got != ours) {
       throw ProfileError(where + ": measured for " + key + "=" + Repr(got) + ", but this server runs " + key + "=" +
                          Repr(ours) + "; remove the file (or name another) to measure again");
     }
   }
   try {
-    return CostTable::FromJson(doc.value("table", json()));
+    return Profile{CostTable::FromJson(doc.value("table", json())), theirs.at("model_workers").get<int64_t>()};
   } catch (const CostError& e) {
     throw ProfileError(where + ": corrupt table: " + e.what());
   }

@@ -28,8 +28,14 @@ struct ProfileError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The table in `path`, or ProfileError saying why a server of `identity` cannot use it.
-CostTable Load(const std::string& path, const nlohmann::ordered_json& identity);
+struct Profile {
+  CostTable table;
+  int64_t model_workers = 1;  // the workers it was measured with
+};
+// The table in `path` and the model workers it was measured with, or ProfileError saying why a server
+// of `identity` cannot use it. model_workers 0 in `identity` (--model-workers auto) matches any count:
+// the server then runs the profile's.
+Profile Load(const std::string& path, const nlohmann::ordered_json& identity);
 // Writes the profile atomically (a crash leaves the old file or none, never half of one).
 void Save(const std::string& path, const CostTable& table, const nlohmann::ordered_json& identity, double seconds);
 

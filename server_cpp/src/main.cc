@@ -22,6 +22,7 @@
 #include <optional>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "batcher.h"
 #include "config.h"
@@ -94,18 +95,21 @@ nlohmann::ordered_json CostIdentity(const Config& cfg, const Manifest& m) {
           {"backend", "onnxruntime"},
           {"device", ToString(cfg.device)},
           {"precision", ToString(cfg.precision)},
-          {"intra_op_threads", cfg.intra_op_threads}};
+          {"intra_op_threads", cfg.intra_op_threads},
+          {"model_workers", cfg.model_workers}};
 }
 
 // The table in --cost-profile when that file exists. Checked before anything loads, so a wrong or
-// corrupt profile refuses to start at once, as a bad flag does (ConfigError: exit code 2).
-std::optional<CostTable> LoadSavedProfile(const Config& cfg, const nlohmann::ordered_json& identity) {
+// corrupt profile refuses to start at once, as a bad flag does (ConfigError: exit code 2). Under
+// --model-workers auto the profile's worker count is taken (*identity): no second measurement.
+std::optional<CostTable> LoadSavedProfile(const Config& cfg, nlohmann::ordered_json* identity) {
   struct stat st {};
   if (cfg.cost_profile.empty() || ::stat(cfg.cost_profile.c_str(), &st) != 0) return std::nullopt;
   try {
-    CostTable table = cost_profile::Load(cfg.cost_profile, identity);
+    cost_profile::Profile profile = cost_profile::Load(cfg.cost_profile, *identity);
+    (*identity)["model_workers"] = profile.model_workers;
     std::cout << "rmscore cost profile loaded from " << cfg.cost_profile << std::endl;
-    return table;
+    return std::move(profile.table);
   } catch (const cost_profile::ProfileError& e) {
     throw ConfigError(e.what());
   }
@@ -148,6 +152,72 @@ std::shared_ptr<CostModel> MakeCostModel(const Config& cfg, const Manifest& m, M
   }
   std::cout << cost_profile::Describe(*table) << std::endl;
   return std::make_shared<CostModel>(*table);
+}
+
+using Workers = std::vector<std::unique_ptr<ModelRunner>>;
+
+// `count` sessions, each with its share of the intra-op threads.
+Workers CreateWorkers(const Config& cfg, const Manifest& m, int count) {
+  Config per_worker = cfg;
+  per_worker.intra_op_threads = cfg.intra_op_threads / count;
+  per_worker.model_workers = 1;
+  Workers workers;
+  for (int i = 0; i < count; ++i) workers.push_back(std::make_unique<ModelRunner>(per_worker, m));
+  return workers;
+}
+
+// The batch `auto` times (server_py's runtimes/workers.py): a mid-sized, mid-length batch of a trainer's load.
+constexpr int64_t kProbeBatch = 8, kProbeLength = 128;
+constexpr double kProbeSeconds = 1.5;
+
+// Sequences per second with every worker scoring `probe` at once, each in its own thread.
+double Throughput(const Workers& workers, const PackedBatch& probe) {
+  for (const auto& w : workers) w->Run(probe);  // the first run of a shape allocates: not timed
+  std::vector<int64_t> done(workers.size(), 0);
+  const Clock::time_point t0 = Clock::now();
+  const Clock::time_point end = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kProbeSeconds));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    threads.emplace_back([&, i] {
+      while (Clock::now() < end) {
+        workers[i]->Run(probe);
+        done[i] += probe.batch;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  int64_t total = 0;
+  for (int64_t d : done) total += d;
+  return double(total) / SecondsSince(t0);
+}
+
+// The workers to serve with: `fixed` of them, or (--model-workers auto: kAutoWorkers) the count among
+// 1, 2, 4, ... <= --intra-op-threads that scored the most sequences per second, said at start-up.
+Workers StartWorkers(const Config& cfg, const Manifest& m, int fixed) {
+  if (fixed != kAutoWorkers) {
+    Workers workers = CreateWorkers(cfg, m, fixed);
+    std::cout << "rmscore model workers: " << fixed << " x " << cfg.intra_op_threads / fixed << " intra-op threads"
+              << std::endl;
+    return workers;
+  }
+  std::mt19937_64 rng(0);
+  const PackedBatch probe = RandomBatch(kProbeBatch, kProbeLength, m.vocab_size, rng);
+  Workers best;
+  double best_rate = 0;
+  std::string seen;
+  for (int count = 1; count <= cfg.intra_op_threads; count *= 2) {
+    Workers workers = CreateWorkers(cfg, m, count);
+    const double rate = Throughput(workers, probe);
+    char line[96];
+    std::snprintf(line, sizeof line, "%s%d x %d: %.1f seq/s", seen.empty() ? "" : "; ", count,
+                  cfg.intra_op_threads / count, rate);
+    seen += line;
+    if (best.empty() || rate > best_rate) best = std::move(workers), best_rate = rate;
+  }
+  std::cout << "rmscore model workers: " << best.size() << " x " << cfg.intra_op_threads / int(best.size())
+            << " intra-op threads (auto, batch " << kProbeBatch << " x " << kProbeLength << ": " << seen << ")"
+            << std::endl;
+  return best;
 }
 
 // Blocks until SIGTERM or SIGINT (blocked in every thread since start).
@@ -194,22 +264,27 @@ void SelfCheck(ModelRunner& runner, const Manifest& manifest, const Config& cfg)
 }
 
 struct Loaded {
-  std::unique_ptr<ModelRunner> runner;  // nullptr: a stop signal came first
-  std::shared_ptr<CostModel> cost;      // nullptr: not planned with (see MakeCostModel)
+  Workers workers;                  // empty: a stop signal came first
+  std::shared_ptr<CostModel> cost;  // nullptr: not planned with (see MakeCostModel)
 };
 
-// Loads, warms up, measures the cost table (unless `profiled` has it) and self-checks the model; stops
-// early when a stop signal came first (it is checked before each step: no need to wait for it).
+// Starts the model workers (the count in *identity: the flag's, or a loaded profile's; measured for
+// auto), warms them up, measures the cost table on the first (unless `profiled` has it) and
+// self-checks it; stops early when a stop signal came first (checked before each step).
 Loaded LoadModel(const Config& cfg, const Manifest& manifest, const sigset_t& signals,
-                 const nlohmann::ordered_json& identity, std::optional<CostTable> profiled) {
-  auto runner = std::make_unique<ModelRunner>(cfg, manifest);
-  WarmUp(*runner, cfg, signals);
+                 nlohmann::ordered_json* identity, std::optional<CostTable> profiled) {
+  Workers workers = StartWorkers(cfg, manifest, (*identity)["model_workers"].get<int>());
+  (*identity)["model_workers"] = workers.size();  // what a saved profile says it measured
+  for (const auto& w : workers) {
+    if (StopPending(signals)) return {};
+    WarmUp(*w, cfg, signals);
+  }
   if (StopPending(signals)) return {};
-  std::shared_ptr<CostModel> cost = MakeCostModel(cfg, manifest, *runner, identity, std::move(profiled));
+  std::shared_ptr<CostModel> cost = MakeCostModel(cfg, manifest, *workers[0], *identity, std::move(profiled));
   if (StopPending(signals)) return {};
-  SelfCheck(*runner, manifest, cfg);
+  SelfCheck(*workers[0], manifest, cfg);
   if (StopPending(signals)) return {};
-  return {std::move(runner), std::move(cost)};
+  return {std::move(workers), std::move(cost)};
 }
 
 // Serves until SIGTERM/SIGINT, then drains: accepted work may run until the grace less the shutdown
@@ -221,9 +296,15 @@ void ServeAndDrain(const Config& cfg, const Manifest& manifest, const Loaded& lo
   bopts.max_queue_sequences = cfg.max_queue_sequences;
   bopts.pad_token_id = manifest.pad_token_id;
   bopts.cost = loaded.cost;
-  ModelRunner* model = loaded.runner.get();
-  Batcher batcher(
-      bopts, [model](const PackedBatch& b) { return model->Run(b); }, &metrics, [model] { model->Abort(); });
+  std::vector<BatchModel> models;
+  for (const auto& w : loaded.workers) {
+    ModelRunner* model = w.get();
+    models.push_back([model](const PackedBatch& b) { return model->Run(b); });
+  }
+  const Workers& workers = loaded.workers;
+  Batcher batcher(bopts, std::move(models), &metrics, [&workers] {
+    for (const auto& w : workers) w->Abort();
+  });
   service.StartServing(&batcher);
   SetHealth(server, true);
   std::cout << "rmscore ready model=" << manifest.name << " version=" << manifest.version
@@ -249,8 +330,8 @@ void ServeAndDrain(const Config& cfg, const Manifest& manifest, const Loaded& lo
 int Run(const Config& cfg, const sigset_t& signals) {
   const Clock::time_point t0 = Clock::now();
   const Manifest manifest = LoadManifest(cfg.model_dir);
-  const nlohmann::ordered_json identity = CostIdentity(cfg, manifest);
-  std::optional<CostTable> profiled = LoadSavedProfile(cfg, identity);
+  nlohmann::ordered_json identity = CostIdentity(cfg, manifest);
+  std::optional<CostTable> profiled = LoadSavedProfile(cfg, &identity);
   std::string tokenizer_json = ReadFile(manifest.TokenizerPath());
 
   Metrics metrics(manifest.name, manifest.version, ToString(cfg.device));
@@ -264,12 +345,12 @@ int Run(const Config& cfg, const sigset_t& signals) {
 
   Loaded loaded;
   try {
-    loaded = LoadModel(cfg, manifest, signals, identity, std::move(profiled));
+    loaded = LoadModel(cfg, manifest, signals, &identity, std::move(profiled));
   } catch (...) {
     server->Shutdown(std::chrono::system_clock::now());
     throw;
   }
-  if (!loaded.runner) {  // stopped while loading, warming up or self-checking: never SERVING, nothing to drain
+  if (loaded.workers.empty()) {  // stopped while loading, warming up or self-checking: never SERVING, nothing to drain
     std::cout << "rmscore stopped during warm-up" << std::endl;
     server->Shutdown(std::chrono::system_clock::now());
     server->Wait();

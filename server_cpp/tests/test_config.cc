@@ -87,6 +87,16 @@ TEST(Config, CostFlags) {
   EXPECT_EQ(ErrorOf({"--batching", "best"}), "--batching: must be one of cost_aware, fifo, length_aware, got 'best'");
 }
 
+TEST(Config, ModelWorkers) {
+  EXPECT_EQ(Parse({}).model_workers, 1);
+  EXPECT_EQ(Parse({"--model-workers", "auto"}).model_workers, kAutoWorkers);
+  EXPECT_EQ(Parse({"--model-workers", "2", "--intra-op-threads", "4"}).model_workers, 2);
+  EXPECT_EQ(ErrorOf({"--model-workers", "0"}), "--model-workers: must be 'auto' or an integer >= 1, got '0'");
+  EXPECT_EQ(ErrorOf({"--model-workers", "two"}), "--model-workers: must be 'auto' or an integer >= 1, got 'two'");
+  EXPECT_EQ(ErrorOf({"--model-workers", "4"}),
+            "--model-workers: each worker needs an intra-op thread: must be <= --intra-op-threads (2), got 4");
+}
+
 TEST(Config, DrainGraceMustBePositive) {
   EXPECT_EQ(ErrorOf({"--drain-grace-seconds", "0"}), "--drain-grace-seconds: must be > 0, got 0");
   EXPECT_EQ(ErrorOf({"--drain-grace-seconds=-2"}), "--drain-grace-seconds: must be > 0, got -2");

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "config.h"
 #include "cost.h"
 #include "cost_profile.h"
 
@@ -24,9 +25,9 @@ std::string ErrorOf(const std::function<void()>& f) {
   return "(no error)";
 }
 
-ordered_json Identity(int threads = 2) {
-  return {{"model", "m"}, {"model_version", "v1"}, {"backend", "onnxruntime"},
-          {"device", "cpu"}, {"precision", "fp32"}, {"intra_op_threads", threads}};
+ordered_json Identity(int threads = 2, int workers = 1) {
+  return {{"model", "m"},         {"model_version", "v1"},       {"backend", "onnxruntime"},     {"device", "cpu"},
+          {"precision", "fp32"}, {"intra_op_threads", threads}, {"model_workers", workers}};
 }
 
 // A file in a fresh directory under /tmp, removed with it.
@@ -76,7 +77,7 @@ TEST(CostProfile, SavedLoadsBackForTheSameServer) {
   TempFile f;
   const CostTable t = CostTable::Make({1, 2}, {16, 32}, {{10, 20}, {30, 40}});
   cost_profile::Save(f.path, t, Identity(), 1.23456);
-  EXPECT_EQ(cost_profile::Load(f.path, Identity()).cost_us, t.cost_us);
+  EXPECT_EQ(cost_profile::Load(f.path, Identity()).table.cost_us, t.cost_us);
   std::ifstream in(f.path);
   const nlohmann::json doc = nlohmann::json::parse(in);
   EXPECT_EQ(doc.at("format"), "rmscore-cost-profile/1");
@@ -94,6 +95,15 @@ TEST(CostProfile, AnotherServersProfileIsRefusedNamingWhatDiffers) {
   EXPECT_EQ(ErrorOf([&] { cost_profile::Load(f.path, other); }),
             "--cost-profile " + f.path + ": measured for model_version='v1', but this server runs "
             "model_version='v2'; remove the file (or name another) to measure again");
+}
+
+TEST(CostProfile, AutoWorkersTakeTheProfilesCount) {
+  TempFile f;
+  cost_profile::Save(f.path, CostTable::Make({1}, {16}, {{10}}), Identity(2, 2), 1);
+  EXPECT_EQ(cost_profile::Load(f.path, Identity(2, kAutoWorkers)).model_workers, 2);
+  EXPECT_EQ(ErrorOf([&] { cost_profile::Load(f.path, Identity(2, 1)); }),
+            "--cost-profile " + f.path + ": measured for model_workers=2, but this server runs "
+            "model_workers=1; remove the file (or name another) to measure again");
 }
 
 TEST(CostProfile, CorruptOrForeignFilesAreRefused) {
