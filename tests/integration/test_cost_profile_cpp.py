@@ -57,8 +57,8 @@ def test_profiles_load_across_languages(tmp_path):
         assert "cost profile saved to" in server.log()
     finally:
         assert server.stop() == 0
-    table = cost_profile.load(measured, identity())
-    assert table.batch_sizes[0] == 1 and table.cost_us[0][0] >= 1
+    table, workers = cost_profile.load(measured, identity())
+    assert workers == 1 and table.batch_sizes[0] == 1 and table.cost_us[0][0] >= 1
     # Python -> C++: a profile Python wrote (a distinctive table) is loaded, not measured again.
     written = tmp_path / "py.json"
     table = CostTable.make([1, 2], [16, 512], [[100, 200], [300, 500]])
