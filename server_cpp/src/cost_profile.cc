@@ -51,6 +51,16 @@ const std::vector<std::string>& IdentityKeys() {
   return keys;
 }
 
+ordered_json Identity(const Config& cfg, const Manifest& m) {
+  return {{"model", m.name},
+          {"model_version", m.version},
+          {"backend", "onnxruntime"},
+          {"device", ToString(cfg.device)},
+          {"precision", ToString(cfg.precision)},
+          {"intra_op_threads", cfg.intra_op_threads},
+          {"model_workers", cfg.model_workers}};
+}
+
 Profile Load(const std::string& path, const ordered_json& identity) {
   const std::string where = "--cost-profile " + path;
   json doc;

@@ -14,7 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "config.h"
 #include "cost.h"
+#include "manifest.h"
 
 namespace rmscore::cost_profile {
 
@@ -27,6 +29,11 @@ const std::vector<std::string>& IdentityKeys();
 struct ProfileError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// What a profile for a server of this model repository and configuration must match: the same keys
+// and values as the Python ONNX Runtime server's (cost_profile.identity), so either server loads a
+// profile the other wrote on the same machine.
+nlohmann::ordered_json Identity(const Config& cfg, const Manifest& m);
 
 struct Profile {
   CostTable table;

@@ -87,18 +87,6 @@ void WarmUp(ModelRunner& runner, const Config& cfg, const sigset_t& signals) {
   std::cout << "rmscore warm-up rounds=" << round << " warmup_s=" << SecondsSince(t) << std::endl;
 }
 
-// What a cost profile must match (cost_profile.h): the same keys and values as the Python ONNX Runtime
-// server's, so either server loads a profile the other wrote on the same machine.
-nlohmann::ordered_json CostIdentity(const Config& cfg, const Manifest& m) {
-  return {{"model", m.name},
-          {"model_version", m.version},
-          {"backend", "onnxruntime"},
-          {"device", ToString(cfg.device)},
-          {"precision", ToString(cfg.precision)},
-          {"intra_op_threads", cfg.intra_op_threads},
-          {"model_workers", cfg.model_workers}};
-}
-
 // The table in --cost-profile when that file exists. Checked before anything loads, so a wrong or
 // corrupt profile refuses to start at once, as a bad flag does (ConfigError: exit code 2). Under
 // --model-workers auto the profile's worker count is taken (*identity): no second measurement.
@@ -330,7 +318,7 @@ void ServeAndDrain(const Config& cfg, const Manifest& manifest, const Loaded& lo
 int Run(const Config& cfg, const sigset_t& signals) {
   const Clock::time_point t0 = Clock::now();
   const Manifest manifest = LoadManifest(cfg.model_dir);
-  nlohmann::ordered_json identity = CostIdentity(cfg, manifest);
+  nlohmann::ordered_json identity = cost_profile::Identity(cfg, manifest);
   std::optional<CostTable> profiled = LoadSavedProfile(cfg, &identity);
   std::string tokenizer_json = ReadFile(manifest.TokenizerPath());
 

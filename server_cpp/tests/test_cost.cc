@@ -73,6 +73,20 @@ TEST(CostModel, GridIsPowersOfTwoWithTheLimits) {
   EXPECT_EQ(Grid(1, 8), (std::pair<std::vector<int64_t>, std::vector<int64_t>>{{1}, {8}}));
 }
 
+TEST(CostProfile, TheServersIdentityHasEveryKeyInOrder) {
+  Manifest m;
+  m.name = "default";
+  m.version = "sha256:0";
+  Config cfg;
+  cfg.model_workers = kAutoWorkers;
+  const ordered_json id = cost_profile::Identity(cfg, m);
+  std::vector<std::string> keys;
+  for (const auto& item : id.items()) keys.push_back(item.key());
+  EXPECT_EQ(keys, cost_profile::IdentityKeys());
+  EXPECT_EQ(id.dump(), "{\"model\":\"default\",\"model_version\":\"sha256:0\",\"backend\":\"onnxruntime\","
+                       "\"device\":\"cpu\",\"precision\":\"fp32\",\"intra_op_threads\":2,\"model_workers\":0}");
+}
+
 TEST(CostProfile, SavedLoadsBackForTheSameServer) {
   TempFile f;
   const CostTable t = CostTable::Make({1, 2}, {16, 32}, {{10, 20}, {30, 40}});
