@@ -384,7 +384,9 @@ TEST_P(BatcherWorkers, ManyConcurrentSubmittersEachAnsweredOnce) {
 INSTANTIATE_TEST_SUITE_P(OneAndTwo, BatcherWorkers, testing::Values(1, 2));
 
 // The CPU-like and GPU-like tables of contract/make_batching_vectors.py on a smaller grid (the Python
-// tests' CPU_LIKE, GPU_LIKE), injected: no timing.
+// tests' CPU_LIKE, GPU_LIKE), injected, in milliseconds where those say microseconds: every run refines
+// the table with its measured time, and at microseconds one slow run (the gated one, or any run
+// preempted on a busy machine) could tip the CPU-like decision to batches of 2. Seconds cannot.
 std::shared_ptr<CostModel> Costs(int64_t (*fn)(int64_t b, int64_t n)) {
   const std::vector<int64_t> sizes = {1, 2, 4, 8}, lengths = {16, 128};
   std::vector<std::vector<int64_t>> rows;
@@ -394,8 +396,8 @@ std::shared_ptr<CostModel> Costs(int64_t (*fn)(int64_t b, int64_t n)) {
   }
   return std::make_shared<CostModel>(CostTable::Make(sizes, lengths, rows));
 }
-int64_t CpuLike(int64_t b, int64_t n) { return 300 + 12 * b * n * (4 + b) / 4; }
-int64_t GpuLike(int64_t b, int64_t n) { return 5000 + 2 * b * n; }
+int64_t CpuLike(int64_t b, int64_t n) { return 1000 * (300 + 12 * b * n * (4 + b) / 4); }
+int64_t GpuLike(int64_t b, int64_t n) { return 1000 * (5000 + 2 * b * n); }
 std::vector<int64_t> Tokens(int64_t id, int64_t n) { return std::vector<int64_t>(size_t(n), id); }
 
 TEST(Batcher, CostAwareWithACpuLikeTableRunsSequencesOneAtATime) {
@@ -431,7 +433,7 @@ TEST(Batcher, CostAwareRefinesItsTableFromTheBatchesItRuns) {
   for (int64_t k = 1; k <= 5; ++k) EXPECT_EQ(Get(*Submit(*h.batcher, {Tokens(k, 16)})).scores, std::vector<float>{float(k * 1000 + 16)});
   EXPECT_EQ(Get(*Submit(*h.batcher, {{66}})).status.error_code(), grpc::StatusCode::INTERNAL);
   h.batcher->Stop();  // the batcher threads have ended: the model may be read without its lock
-  // The stand-in model takes microseconds, the table said 300+: each run pulled the cell down. The
+  // The stand-in model takes microseconds, the table said 300+ ms: each run pulled the cell down. The
   // failed run is no measurement.
   EXPECT_EQ(cost->observed(), 5);
   EXPECT_LT(cost->table().BatchUs(1, 16), before);
