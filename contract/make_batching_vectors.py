@@ -12,7 +12,23 @@ import random
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "server_py"))
-from rmscore.core.planner import MODES, PlannerConfig, Waiting, plan  # noqa: E402
+from rmscore.core.cost import CostTable  # noqa: E402
+from rmscore.core.planner import COST_AWARE, MODES, PlannerConfig, Waiting, plan  # noqa: E402
+
+SIZES, LENGTHS = [1, 2, 4, 8, 16, 32, 64], [16, 32, 64, 128, 256, 512]
+
+
+def table(fn):
+    return CostTable.make(SIZES, LENGTHS, [[fn(b, n) for n in LENGTHS] for b in SIZES]).to_json()
+
+
+# CPU-like: a small fixed cost, and per-token cost that grows with the batch (caches): batch 1 wins.
+CPU_TABLE = table(lambda b, n: 300 + 12 * b * n * (4 + b) // 4)
+# GPU-like: a large fixed cost (launches, transfers) and cheap tokens: the biggest batch wins.
+GPU_TABLE = table(lambda b, n: 5000 + 2 * b * n)
+# Measured-looking noise: not monotone until CostTable.make makes it so.
+NOISY_TABLE = {"batch_sizes": [1, 4, 16], "lengths": [16, 128],
+               "cost_us": [[900, 2500], [800, 9000], [4000, 8000]]}
 
 
 def case(name, cfg, now_us, waiting, expired=(), batch=(), wait_us=None):
@@ -25,8 +41,15 @@ def case(name, cfg, now_us, waiting, expired=(), batch=(), wait_us=None):
     }
 
 
-def cfg(mode="length_aware", size=8, tokens=4096, delay_us=5000):
-    return dict(mode=mode, max_batch_size=size, max_batch_tokens=tokens, max_queue_delay_us=delay_us)
+def cfg(mode="length_aware", size=8, tokens=4096, delay_us=5000, cost=None):
+    c = dict(mode=mode, max_batch_size=size, max_batch_tokens=tokens, max_queue_delay_us=delay_us)
+    if mode == COST_AWARE:
+        c["cost_table"] = cost
+    return c
+
+
+def _same_length(n, length=100, step=10):
+    return [(i + 1, i * step, length, None) for i in range(n)]
 
 
 HAND = [
@@ -67,16 +90,40 @@ HAND = [
          [(1, 0, 100, None), (2, 100, 100, None)], batch=[1, 2]),
     case("one short of the size limit: waits", cfg(size=4), 1000,
          [(1, 0, 10, None), (2, 100, 20, None), (3, 200, 30, None)], wait_us=4000),
+    case("cost, CPU-like: the oldest runs alone at once", cfg(COST_AWARE, size=8, cost=CPU_TABLE), 1000,
+         _same_length(3), batch=[1]),
+    case("cost, GPU-like: a short queue waits for more", cfg(COST_AWARE, size=64, tokens=65536, cost=GPU_TABLE), 1000,
+         _same_length(3), wait_us=4000),
+    case("cost, GPU-like: due, it runs what there is", cfg(COST_AWARE, size=64, tokens=65536, cost=GPU_TABLE), 5000,
+         _same_length(3), batch=[1, 2, 3]),
+    case("cost, GPU-like: the size limit reached runs at once",
+         cfg(COST_AWARE, size=4, tokens=65536, cost=GPU_TABLE), 100, _same_length(6), batch=[1, 2, 3, 4]),
+    case("cost, GPU-like: the token budget caps the batch",
+         cfg(COST_AWARE, size=64, tokens=300, cost=GPU_TABLE), 100, _same_length(6), batch=[1, 2, 3]),
+    case("cost, GPU-like: shorter sequences join the long oldest",
+         cfg(COST_AWARE, size=64, tokens=65536, cost=GPU_TABLE), 5000,
+         [(1, 0, 400, None), (2, 10, 20, None), (3, 20, 30, None)], batch=[1, 2, 3]),
+    case("cost, CPU-like: a long oldest runs alone, not padded with the short",
+         cfg(COST_AWARE, size=8, cost=CPU_TABLE), 0,
+         [(1, 0, 400, None), (2, 10, 20, None), (3, 20, 30, None)], batch=[1]),
 ]
+
+
+def cost_queries():
+    """batch_us of each table at grid points, between them, below and past them."""
+    points = [(1, 16), (1, 1), (3, 100), (5, 16), (64, 512), (100, 600), (7, 700), (2, 48), (48, 200)]
+    return [{"table": t, "queries": [[b, n, CostTable.from_json(t).batch_us(b, n)] for b, n in points]}
+            for t in (CPU_TABLE, GPU_TABLE, NOISY_TABLE)]
 
 
 def generated(n_cases=300, seed=20261202):
     rng = random.Random(seed)
     out = []
     for k in range(n_cases):
-        mode = MODES[k % 2]
+        mode = MODES[k % len(MODES)]
+        cost = [CPU_TABLE, GPU_TABLE][(k // len(MODES)) % 2]
         c = cfg(mode, rng.choice([1, 2, 4, 8, 16, 64]), rng.choice([64, 512, 2048, 4096, 16384]),
-                rng.choice([0, 1000, 5000, 20000]))
+                rng.choice([0, 1000, 5000, 20000]), cost)
         now = rng.randint(0, 30000)
         waiting = []
         t = 0
@@ -86,13 +133,15 @@ def generated(n_cases=300, seed=20261202):
             deadline = rng.choice([None, None, None, rng.randint(0, 60000)])
             waiting.append((i + 1, t, length, deadline))
         d = plan([Waiting(*w) for w in waiting], now,
-                 PlannerConfig(c["max_batch_size"], c["max_batch_tokens"], c["max_queue_delay_us"], mode))
+                 PlannerConfig(c["max_batch_size"], c["max_batch_tokens"], c["max_queue_delay_us"], mode),
+                 CostTable.from_json(cost) if mode == COST_AWARE else None)
         out.append(case(f"generated {k}", c, now, waiting, d.expired, d.batch, d.wait_us))
     return out
 
 
 if __name__ == "__main__":
     path = pathlib.Path(__file__).parent / "batching_vectors.json"
-    doc = {"_comment": __doc__.strip(), "hand": HAND, "generated": generated()}
+    doc = {"_comment": __doc__.strip(), "hand": HAND, "generated": generated(n_cases=450),
+           "cost_tables": cost_queries()}
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {len(HAND)} hand and {len(doc['generated'])} generated cases to {path}")

@@ -19,9 +19,9 @@ Job::Job(std::vector<SeqView> seqs, std::optional<Clock::time_point> deadline, s
          Done done)
     : seqs_(std::move(seqs)), deadline_(deadline), keepalive_(std::move(keepalive)), done_(std::move(done)) {}
 
-Batcher::Batcher(const Options& opts, BatchModel model, Metrics* metrics, std::function<void()> abort)
-    : opts_(opts), model_(std::move(model)), abort_(std::move(abort)), metrics_(metrics) {
-  thread_ = std::thread([this] { Loop(); });
+Batcher::Batcher(const Options& opts, std::vector<BatchModel> models, Metrics* metrics, std::function<void()> abort)
+    : opts_(opts), models_(std::move(models)), abort_(std::move(abort)), metrics_(metrics) {
+  for (const BatchModel& model : models_) threads_.emplace_back([this, &model] { Loop(model); });
 }
 
 Batcher::~Batcher() { Stop(); }
@@ -95,23 +95,27 @@ void Batcher::Stop() {
     stopping_ = true;
     while (!queue_.empty()) FailLocked(queue_.begin()->second.job, Draining(), nullptr, &answers);
   }
-  work_cv_.notify_one();
+  work_cv_.notify_all();  // every batcher thread must see stopping_
   Answer(answers);
-  if (!thread_.joinable()) return;  // stopped before
+  if (threads_.empty()) return;  // stopped before
   if (abort_) abort_();
-  thread_.join();
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
 }
 
-// ---- the batcher thread ------------------------------------------------------------------------------
+// ---- the batcher threads -----------------------------------------------------------------------------
 
-void Batcher::Loop() {
+// One worker's loop: `model` is its own session, run without mu_ while the other workers plan.
+void Batcher::Loop(const BatchModel& model) {
   std::unique_lock<std::mutex> lk(mu_);
   while (!stopping_) {
     Answers answers;
     std::optional<Batch> batch = NextBatchLocked(lk, &answers);
+    const bool work_left = batch && !queue_.empty();
     lk.unlock();
+    if (work_left) work_cv_.notify_one();  // an idle worker may take the next batch
     Answer(answers);
-    if (batch) Run(*batch);
+    if (batch) Run(*batch, model);
     lk.lock();
   }
 }
@@ -126,7 +130,7 @@ std::optional<Batcher::Batch> Batcher::NextBatchLocked(std::unique_lock<std::mut
       continue;
     }
     const int64_t now = NowUs();
-    const Decision d = Plan(WaitingLocked(), now, opts_.planner);
+    const Decision d = Plan(WaitingLocked(), now, opts_.planner, opts_.cost ? &opts_.cost->table() : nullptr);
     const grpc::Status expired(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded before scoring");
     for (uint64_t id : d.expired) {
       // All of a job's sequences share its deadline: the first one fails (and removes) them all.
@@ -172,13 +176,13 @@ Batcher::Batch Batcher::TakeBatchLocked(const std::vector<uint64_t>& ids, int64_
   return b;
 }
 
-// Runs one batch on the model (without mu_), then records its scores or its failure.
-void Batcher::Run(const Batch& b) {
+// Runs one batch on this worker's model (without mu_), then records its scores or its failure.
+void Batcher::Run(const Batch& b, const BatchModel& model) {
   const Clock::time_point start = Clock::now();
   std::vector<float> scores;
   grpc::Status error;
   try {
-    scores = model_(b.packed);
+    scores = model(b.packed);
     if (scores.size() != b.seqs.size()) {
       throw std::runtime_error("model returned " + std::to_string(scores.size()) + " scores for " +
                                std::to_string(b.seqs.size()) + " sequences");
@@ -198,6 +202,7 @@ void Batcher::Run(const Batch& b) {
     // drain refusing the work, as for the jobs still queued, not a model fault: UNAVAILABLE, which
     // a client may retry on another replica (docs/contract.md allows only OK or UNAVAILABLE then).
     if (!error.ok() && stopping_) error = Draining();
+    if (opts_.cost && error.ok()) opts_.cost->Observe(int64_t(b.seqs.size()), b.packed.longest, ms / 1e3);
     ScoredLocked(b, scores, ms, &answers);
     if (!error.ok()) {
       // Each job of the batch fails once; its sequences still queued never reach the model.

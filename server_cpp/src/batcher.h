@@ -1,9 +1,12 @@
 // Dynamic batching, Triton-style: the sequences of accepted requests wait in
-// one queue; one batcher thread asks the planner (planner.h) what to run or
+// one queue; a batcher thread asks the planner (planner.h) what to run or
 // how long to wait, then runs that batch on the model itself, and each
 // request is answered once all of its sequences are scored, or at once when
-// it fails. server_py/rmscore/core/batcher.py is this file in Python, with
-// the same names and the same steps (docs/batching.md, "Structure").
+// it fails. With several model workers (--model-workers) there is one batcher
+// thread per worker, each with its own model session, all running the same
+// loop: whichever is idle plans the next batch. server_py/rmscore/core/batcher.py
+// is this file in Python, with the same names and the same steps
+// (docs/batching.md, "Structure").
 //
 // Locking: everything shared lives under `mu_`. It is held to admit, plan,
 // take and pack a batch, and to mark requests finished; never across the
@@ -23,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "cost.h"
 #include "metrics.h"
 #include "planner.h"
 #include "validation.h"
@@ -67,8 +71,8 @@ class Job {
   double inference_ms_ = 0;
 };
 
-// Scores one packed batch (batch.batch floats) or throws; the batcher thread
-// calls it. The server passes ModelRunner::Run.
+// Scores one packed batch (batch.batch floats) or throws; its worker's batcher
+// thread calls it. The server passes one ModelRunner::Run per worker.
 using BatchModel = std::function<std::vector<float>(const PackedBatch&)>;
 
 class Batcher {
@@ -77,9 +81,16 @@ class Batcher {
     PlannerConfig planner;
     int64_t max_queue_sequences = 4096;
     int64_t pad_token_id = 0;
+    // What batches cost here: cost_aware plans with its table, and every successful run refines it.
+    // Shared with whoever made it (a test reads it after Stop); guarded by mu_ while the batcher runs.
+    std::shared_ptr<CostModel> cost;
   };
-  // `abort` (optional) makes a model run in progress fail; Stop uses it.
-  Batcher(const Options& opts, BatchModel model, Metrics* metrics, std::function<void()> abort = nullptr);
+  // `models`: one per worker, each run by its own batcher thread. `abort` (optional) makes the model
+  // runs in progress fail; Stop uses it.
+  Batcher(const Options& opts, std::vector<BatchModel> models, Metrics* metrics,
+          std::function<void()> abort = nullptr);
+  Batcher(const Options& opts, BatchModel model, Metrics* metrics, std::function<void()> abort = nullptr)
+      : Batcher(opts, std::vector<BatchModel>{std::move(model)}, metrics, std::move(abort)) {}
   ~Batcher();
 
   // Accepts the job (then its done callback runs exactly once, later) or
@@ -93,8 +104,8 @@ class Batcher {
   // or `deadline` passes. True when drained.
   bool Drain(Clock::time_point deadline);
   // Refuses new jobs, fails the queued ones UNAVAILABLE "not ready: draining",
-  // aborts the model run in progress (its jobs fail the same way) and ends the
-  // batcher thread.
+  // aborts the model runs in progress (their jobs fail the same way) and ends
+  // the batcher threads.
   void Stop();
 
  private:
@@ -109,7 +120,7 @@ class Batcher {
   };
   using Answers = std::vector<std::shared_ptr<Job>>;  // finished jobs whose callback is due
 
-  void Loop();
+  void Loop(const BatchModel& model);
   // Precondition for the *Locked steps: mu_ held (NextBatchLocked through `lk`).
   grpc::Status RefusalLocked(int64_t n) const;
   std::optional<Batch> NextBatchLocked(std::unique_lock<std::mutex>& lk, Answers* answers);
@@ -118,25 +129,27 @@ class Batcher {
   void FailLocked(std::shared_ptr<Job> job, const grpc::Status& why, const char* drop_reason, Answers* answers);
   void ScoredLocked(const Batch& b, const std::vector<float>& scores, double ms, Answers* answers);
   // Without mu_.
-  void Run(const Batch& b);
+  void Run(const Batch& b, const BatchModel& model);
   void Answer(Answers& answers);
   int64_t NowUs() const;
 
   const Options opts_;
-  const BatchModel model_;
+  const std::vector<BatchModel> models_;
   const std::function<void()> abort_;
   Metrics* const metrics_;
   const Clock::time_point epoch_ = Clock::now();
 
   std::mutex mu_;
-  std::condition_variable work_cv_;  // for the batcher thread: a job arrived or was cancelled, stop
+  std::condition_variable work_cv_;  // for the batcher threads: a job arrived or was cancelled, work is left, stop
   std::condition_variable idle_cv_;  // for Drain: in_flight_ reached 0
   std::map<uint64_t, Queued> queue_;  // by sequence id, which is arrival order
   uint64_t next_seq_id_ = 1;
   size_t in_flight_ = 0;  // accepted, callback not yet run
   bool accepting_ = true, stopping_ = false;
 
-  std::thread thread_;  // the batcher thread: plans, then runs, one batch at a time
+  // The batcher threads, one per model worker: each plans, then runs, one batch at a time. Started by
+  // the constructor; joined and cleared by the first Stop (only the owner's thread calls Stop).
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace rmscore

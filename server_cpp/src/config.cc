@@ -1,5 +1,7 @@
 #include "config.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -72,6 +74,17 @@ std::string NonEmpty(const std::string& flag, const std::string& v) {
   return v;
 }
 
+// A file to write later: its directory must exist now (server_py's config.py, same message).
+std::string FileInExistingDir(const std::string& flag, const std::string& v) {
+  const size_t slash = v.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : v.substr(0, slash);
+  struct stat st {};
+  if (v.empty() || ::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    Fail(flag, "must be a file in an existing directory, got '" + v + "'");
+  }
+  return v;
+}
+
 template <typename E>
 E ParseChoice(const std::string& flag, const std::string& v, const std::map<std::string, E>& choices) {
   auto it = choices.find(v);
@@ -101,7 +114,9 @@ const std::map<std::string, Setter>& Setters() {
        }},
       {"--batching", [](Config& c, auto& f, auto& v) {
          c.batching = ParseChoice<BatchingMode>(
-             f, v, {{"length_aware", BatchingMode::kLengthAware}, {"fifo", BatchingMode::kFifo}});
+             f, v,
+             {{"length_aware", BatchingMode::kLengthAware}, {"fifo", BatchingMode::kFifo},
+              {"cost_aware", BatchingMode::kCostAware}});
        }},
       {"--max-batch-size", [](Config& c, auto& f, auto& v) { c.max_batch_size = int(ParseInt(f, v, 1, 1 << 20)); }},
       {"--max-batch-tokens", [](Config& c, auto& f, auto& v) { c.max_batch_tokens = ParseInt(f, v, 1, INT64_C(1) << 40); }},
@@ -135,6 +150,21 @@ const std::map<std::string, Setter>& Setters() {
          c.max_connection_age_grace_seconds = ParseChannelSeconds(f, v, true);
        }},
       {"--warmup-rounds", [](Config& c, auto& f, auto& v) { c.warmup_rounds = int(ParseInt(f, v, 1, 1 << 20)); }},
+      {"--cost-profile", [](Config& c, auto& f, auto& v) { c.cost_profile = FileInExistingDir(f, v); }},
+      {"--cost-profile-seconds", [](Config& c, auto& f, auto& v) {
+         c.cost_profile_seconds = ParseNumber(f, v, 0, true);
+       }},
+      {"--model-workers", [](Config& c, auto& f, auto& v) {
+         if (v == "auto") {
+           c.model_workers = kAutoWorkers;
+           return;
+         }
+         try {
+           c.model_workers = int(ParseInt(f, v, 1, 1024));
+         } catch (const ConfigError&) {
+           Fail(f, "must be 'auto' or an integer >= 1, got '" + v + "'");
+         }
+       }},
       {"--tls-cert-file", [](Config& c, auto& f, auto& v) { c.tls_cert_file = NonEmpty(f, v); }},
       {"--tls-key-file", [](Config& c, auto& f, auto& v) { c.tls_key_file = NonEmpty(f, v); }},
       {"--auth-token-file", [](Config& c, auto& f, auto& v) { c.auth_token_file = NonEmpty(f, v); }},
@@ -155,12 +185,16 @@ std::optional<std::string> ReadWhole(const std::string& path) {
   }
 }
 
-// Same rule and message as server_py/rmscore/core/config.py: a request the queue can never hold
-// would be refused "queue full" forever, so the pair is refused at start.
+// Same rules and messages as server_py/rmscore/core/config.py: a request the queue can never hold
+// would be refused "queue full" forever, and a model worker needs at least one thread of its own.
 void CheckLimits(const Config& c) {
   if (c.max_sequences_per_request > c.max_queue_sequences) {
     Fail("--max-sequences-per-request", "must be <= --max-queue-sequences (" + std::to_string(c.max_queue_sequences) +
                                             "), got " + std::to_string(c.max_sequences_per_request));
+  }
+  if (c.model_workers > c.intra_op_threads) {
+    Fail("--model-workers", "each worker needs an intra-op thread: must be <= --intra-op-threads (" +
+                                std::to_string(c.intra_op_threads) + "), got " + std::to_string(c.model_workers));
   }
 }
 
@@ -238,7 +272,10 @@ std::string Usage() {
   return "usage: rmscore-server-cpp [--flag value]...\n"
          "  --model DIR (models/default)  --host (127.0.0.1)  --port (50051, 0: ephemeral)\n"
          "  --metrics-port (9100, 0: ephemeral)  --port-file PATH\n"
-         "  --batching length_aware|fifo  --max-batch-size 32  --max-batch-tokens 8192\n"
+         "  --batching length_aware|fifo|cost_aware  --max-batch-size 32  --max-batch-tokens 8192\n"
+         "  --cost-profile FILE (cost table: loaded when it exists, else measured at warm-up and saved there)\n"
+         "  --cost-profile-seconds 10 (the measuring budget)\n"
+         "  --model-workers 1|N|auto (sessions in parallel, each with intra-op-threads / N threads; auto: measured)\n"
          "  --max-queue-delay-ms 2  --max-queue-sequences 4096  --max-sequences-per-request 1024\n"
          "  --max-request-bytes 16777216  --intra-op-threads 2  --inter-op-threads 1\n"
          "  --graph-optimization-level disable|basic|extended|all  --precision fp32|int8\n"

@@ -9,7 +9,7 @@
 
 namespace rmscore {
 
-enum class BatchingMode { kLengthAware, kFifo };
+enum class BatchingMode { kLengthAware, kFifo, kCostAware };
 enum class Precision { kFp32, kInt8 };
 enum class Device { kCpu, kCuda };
 enum class GraphOptLevel { kDisable, kBasic, kExtended, kAll };
@@ -41,6 +41,14 @@ struct Config {
   // Times the warm-up set (a few small batches) runs before the self-check;
   // more rounds settle the runtime's allocators and caches before traffic.
   int warmup_rounds = 1;
+  // The cost table the cost_aware planner uses (cost.h, cost_profile.h): loaded from this file when it
+  // exists, else measured at warm-up within cost_profile_seconds and saved here. Empty: measured (only
+  // for --batching cost_aware), not saved.
+  std::string cost_profile;
+  double cost_profile_seconds = 10.0;
+  // Model sessions run in parallel, each with intra_op_threads / model_workers threads, one batcher
+  // thread each; kAutoWorkers: measured at warm-up (main.cc, StartWorkers).
+  int model_workers = 1;
   // Transport security and the shared bearer token (docs/contract.md, "Access
   // control"). Empty: off. Checked at parse time: TLS takes both files or
   // neither, every file must be readable, the token file must hold a token.
@@ -64,6 +72,9 @@ struct Config {
 inline constexpr double kMaxChannelSeconds = 2147483;
 
 inline constexpr double kShutdownReserveMaxS = 3.0;
+
+// --model-workers auto: the count is measured at warm-up (server_py's AUTO_WORKERS).
+inline constexpr int kAutoWorkers = 0;
 
 // Thrown for a bad flag or value; what() is the message to print, quoting
 // the bad value, e.g. "--max-batch-size: must be >= 1, got 0".

@@ -2,13 +2,16 @@
 //
 // Order: flags -> manifest -> metrics endpoint -> gRPC bound (health
 // NOT_SERVING, calls refused "not ready: warming up") -> port file -> model
-// loaded, warmed up (--warmup-rounds) and golden self-check -> SERVING. On SIGTERM/SIGINT: NOT_SERVING,
+// loaded, warmed up (--warmup-rounds), cost table measured or loaded (--batching cost_aware,
+// --cost-profile) and golden self-check -> SERVING. A --cost-profile file that is corrupt or
+// measured for another server refuses to start (exit code 2) before anything loads. On SIGTERM/SIGINT: NOT_SERVING,
 // new calls refused "not ready: draining", accepted work finished, exit 0.
 #include <google/protobuf/stubs/logging.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <chrono>
@@ -16,10 +19,15 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <random>
 #include <sstream>
+#include <thread>
 
 #include "batcher.h"
 #include "config.h"
+#include "cost.h"
+#include "cost_profile.h"
 #include "manifest.h"
 #include "metrics.h"
 #include "model_runner.h"
@@ -81,6 +89,127 @@ void WarmUp(ModelRunner& runner, const Config& cfg, const sigset_t& signals) {
   std::cout << "rmscore warm-up rounds=" << round << " warmup_s=" << SecondsSince(t) << std::endl;
 }
 
+// The table in --cost-profile when that file exists. Checked before anything loads, so a wrong or
+// corrupt profile refuses to start at once, as a bad flag does (ConfigError: exit code 2). Under
+// --model-workers auto the profile's worker count is taken (*identity): no second measurement.
+std::optional<CostTable> LoadSavedProfile(const Config& cfg, nlohmann::ordered_json* identity) {
+  struct stat st {};
+  if (cfg.cost_profile.empty() || ::stat(cfg.cost_profile.c_str(), &st) != 0) return std::nullopt;
+  try {
+    cost_profile::Profile profile = cost_profile::Load(cfg.cost_profile, *identity);
+    (*identity)["model_workers"] = profile.model_workers;
+    std::cout << "rmscore cost profile loaded from " << cfg.cost_profile << std::endl;
+    return std::move(profile.table);
+  } catch (const cost_profile::ProfileError& e) {
+    throw ConfigError(e.what());
+  }
+}
+
+// `b` sequences of `n` random ids from the vocabulary's upper part (clear of special tokens), unpadded.
+PackedBatch RandomBatch(int64_t b, int64_t n, int64_t vocab_size, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int64_t> id(std::min<int64_t>(1000, vocab_size - 1), vocab_size - 1);
+  PackedBatch batch;
+  batch.batch = b;
+  batch.longest = n;
+  for (int64_t i = 0; i < b * n; ++i) batch.input_ids.push_back(id(rng));
+  batch.attention_mask.assign(size_t(b * n), 1);
+  batch.real_tokens = b * n;
+  return batch;
+}
+
+// The cost table: the profile loaded at start, or measured now within --cost-profile-seconds (and
+// saved with --cost-profile). nullptr when nothing plans with it and no profile was asked for:
+// measuring costs start-up time.
+std::shared_ptr<CostModel> MakeCostModel(const Config& cfg, const Manifest& m, ModelRunner& runner,
+                                         const nlohmann::ordered_json& identity, std::optional<CostTable> table) {
+  if (cfg.batching != BatchingMode::kCostAware && cfg.cost_profile.empty()) return nullptr;
+  if (!table) {
+    std::mt19937_64 rng(0);
+    auto run = [&](int64_t b, int64_t n) {
+      const PackedBatch batch = RandomBatch(b, n, m.vocab_size, rng);
+      const Clock::time_point t = Clock::now();
+      runner.Run(batch);
+      return SecondsSince(t);
+    };
+    auto progress = [](const std::string& line) { std::cout << "rmscore " << line << std::endl; };
+    const cost_profile::Measured got =
+        cost_profile::Measure(run, cfg.max_batch_size, m.max_sequence_length, cfg.cost_profile_seconds, progress);
+    table = got.table;
+    if (!cfg.cost_profile.empty()) {
+      cost_profile::Save(cfg.cost_profile, *table, identity, got.seconds);
+      std::cout << "rmscore cost profile saved to " << cfg.cost_profile << std::endl;
+    }
+  }
+  std::cout << cost_profile::Describe(*table) << std::endl;
+  return std::make_shared<CostModel>(*table);
+}
+
+using Workers = std::vector<std::unique_ptr<ModelRunner>>;
+
+// `count` sessions, each with its share of the intra-op threads.
+Workers CreateWorkers(const Config& cfg, const Manifest& m, int count) {
+  Config per_worker = cfg;
+  per_worker.intra_op_threads = cfg.intra_op_threads / count;
+  per_worker.model_workers = 1;
+  Workers workers;
+  for (int i = 0; i < count; ++i) workers.push_back(std::make_unique<ModelRunner>(per_worker, m));
+  return workers;
+}
+
+// The batch `auto` times (server_py's runtimes/workers.py): a mid-sized, mid-length batch of a trainer's load.
+constexpr int64_t kProbeBatch = 8, kProbeLength = 128;
+constexpr double kProbeSeconds = 1.5;
+
+// Sequences per second with every worker scoring `probe` at once, each in its own thread.
+double Throughput(const Workers& workers, const PackedBatch& probe) {
+  for (const auto& w : workers) w->Run(probe);  // the first run of a shape allocates: not timed
+  std::vector<int64_t> done(workers.size(), 0);
+  const Clock::time_point t0 = Clock::now();
+  const Clock::time_point end = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kProbeSeconds));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    threads.emplace_back([&, i] {
+      while (Clock::now() < end) {
+        workers[i]->Run(probe);
+        done[i] += probe.batch;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  int64_t total = 0;
+  for (int64_t d : done) total += d;
+  return double(total) / SecondsSince(t0);
+}
+
+// The workers to serve with: `fixed` of them, or (--model-workers auto: kAutoWorkers) the count among
+// 1, 2, 4, ... <= --intra-op-threads that scored the most sequences per second, said at start-up.
+Workers StartWorkers(const Config& cfg, const Manifest& m, int fixed) {
+  if (fixed != kAutoWorkers) {
+    Workers workers = CreateWorkers(cfg, m, fixed);
+    std::cout << "rmscore model workers: " << fixed << " x " << cfg.intra_op_threads / fixed << " intra-op threads"
+              << std::endl;
+    return workers;
+  }
+  std::mt19937_64 rng(0);
+  const PackedBatch probe = RandomBatch(kProbeBatch, kProbeLength, m.vocab_size, rng);
+  Workers best;
+  double best_rate = 0;
+  std::string seen;
+  for (int count = 1; count <= cfg.intra_op_threads; count *= 2) {
+    Workers workers = CreateWorkers(cfg, m, count);
+    const double rate = Throughput(workers, probe);
+    char line[96];
+    std::snprintf(line, sizeof line, "%s%d x %d: %.1f seq/s", seen.empty() ? "" : "; ", count,
+                  cfg.intra_op_threads / count, rate);
+    seen += line;
+    if (best.empty() || rate > best_rate) best = std::move(workers), best_rate = rate;
+  }
+  std::cout << "rmscore model workers: " << best.size() << " x " << cfg.intra_op_threads / int(best.size())
+            << " intra-op threads (auto, batch " << kProbeBatch << " x " << kProbeLength << ": " << seen << ")"
+            << std::endl;
+  return best;
+}
+
 // Blocks until SIGTERM or SIGINT (blocked in every thread since start).
 int WaitForSignal(const sigset_t& signals) {
   int sig = 0;
@@ -129,28 +258,48 @@ void SelfCheck(ModelRunner& runner, const Manifest& manifest, const Config& cfg)
   }
 }
 
-// Loads, warms up and self-checks the model; nullptr when a stop signal came first (it is checked
-// before the self-check too: no need to wait for it).
-std::unique_ptr<ModelRunner> LoadModel(const Config& cfg, const Manifest& manifest, const sigset_t& signals) {
-  auto runner = std::make_unique<ModelRunner>(cfg, manifest);
-  WarmUp(*runner, cfg, signals);
-  if (StopPending(signals)) return nullptr;
-  SelfCheck(*runner, manifest, cfg);
-  if (StopPending(signals)) return nullptr;
-  return runner;
+struct Loaded {
+  Workers workers;                  // empty: a stop signal came first
+  std::shared_ptr<CostModel> cost;  // nullptr: not planned with (see MakeCostModel)
+};
+
+// Starts the model workers (the count in *identity: the flag's, or a loaded profile's; measured for
+// auto), warms them up, measures the cost table on the first (unless `profiled` has it) and
+// self-checks it; stops early when a stop signal came first (checked before each step).
+Loaded LoadModel(const Config& cfg, const Manifest& manifest, const sigset_t& signals,
+                 nlohmann::ordered_json* identity, std::optional<CostTable> profiled) {
+  Workers workers = StartWorkers(cfg, manifest, (*identity)["model_workers"].get<int>());
+  (*identity)["model_workers"] = workers.size();  // what a saved profile says it measured
+  for (const auto& w : workers) {
+    if (StopPending(signals)) return {};
+    WarmUp(*w, cfg, signals);
+  }
+  if (StopPending(signals)) return {};
+  std::shared_ptr<CostModel> cost = MakeCostModel(cfg, manifest, *workers[0], *identity, std::move(profiled));
+  if (StopPending(signals)) return {};
+  SelfCheck(*workers[0], manifest, cfg);
+  if (StopPending(signals)) return {};
+  return {std::move(workers), std::move(cost)};
 }
 
 // Serves until SIGTERM/SIGINT, then drains: accepted work may run until the grace less the shutdown
 // reserve, what is left fails, and the transports close (docs/cpp_server.md, "Shutdown").
-void ServeAndDrain(const Config& cfg, const Manifest& manifest, ModelRunner& runner, RewardModelService& service,
+void ServeAndDrain(const Config& cfg, const Manifest& manifest, const Loaded& loaded, RewardModelService& service,
                    grpc::Server& server, Metrics& metrics, const sigset_t& signals, Clock::time_point t0) {
   Batcher::Options bopts;
   bopts.planner = PlannerConfig{cfg.max_batch_size, cfg.max_batch_tokens, cfg.max_queue_delay_us(), cfg.batching};
   bopts.max_queue_sequences = cfg.max_queue_sequences;
   bopts.pad_token_id = manifest.pad_token_id;
-  ModelRunner* model = &runner;
-  Batcher batcher(
-      bopts, [model](const PackedBatch& b) { return model->Run(b); }, &metrics, [model] { model->Abort(); });
+  bopts.cost = loaded.cost;
+  std::vector<BatchModel> models;
+  for (const auto& w : loaded.workers) {
+    ModelRunner* model = w.get();
+    models.push_back([model](const PackedBatch& b) { return model->Run(b); });
+  }
+  const Workers& workers = loaded.workers;
+  Batcher batcher(bopts, std::move(models), &metrics, [&workers] {
+    for (const auto& w : workers) w->Abort();
+  });
   service.StartServing(&batcher);
   HeapTrimmer trimmer(kHeapTrimInterval);
   SetHealth(server, true);
@@ -177,6 +326,8 @@ void ServeAndDrain(const Config& cfg, const Manifest& manifest, ModelRunner& run
 int Run(const Config& cfg, const sigset_t& signals) {
   const Clock::time_point t0 = Clock::now();
   const Manifest manifest = LoadManifest(cfg.model_dir);
+  nlohmann::ordered_json identity = cost_profile::Identity(cfg, manifest);
+  std::optional<CostTable> profiled = LoadSavedProfile(cfg, &identity);
   std::string tokenizer_json = ReadFile(manifest.TokenizerPath());
 
   Metrics metrics(manifest.name, manifest.version, ToString(cfg.device));
@@ -189,21 +340,21 @@ int Run(const Config& cfg, const sigset_t& signals) {
   if (!cfg.port_file.empty()) WritePortFile(cfg.port_file, port, metrics_port);
   std::cout << "rmscore listening port=" << port << " metrics_port=" << metrics_port << std::endl;
 
-  std::unique_ptr<ModelRunner> runner;
+  Loaded loaded;
   try {
-    runner = LoadModel(cfg, manifest, signals);
+    loaded = LoadModel(cfg, manifest, signals, &identity, std::move(profiled));
   } catch (...) {
     server->Shutdown(std::chrono::system_clock::now());
     throw;
   }
-  if (!runner) {  // stopped while loading, warming up or self-checking: never SERVING, nothing to drain
+  if (loaded.workers.empty()) {  // stopped while loading, warming up or self-checking: never SERVING, nothing to drain
     std::cout << "rmscore stopped during warm-up" << std::endl;
     server->Shutdown(std::chrono::system_clock::now());
     server->Wait();
     metrics.StopServing();
     return 0;
   }
-  ServeAndDrain(cfg, manifest, *runner, service, *server, metrics, signals, t0);
+  ServeAndDrain(cfg, manifest, loaded, service, *server, metrics, signals, t0);
   return 0;
 }
 
@@ -243,6 +394,9 @@ int main(int argc, char** argv) {
   }
   try {
     return rmscore::Run(cfg, signals);
+  } catch (const rmscore::ConfigError& e) {  // what only the model repository tells, e.g. a cost profile for another model
+    std::cerr << "rmscore-server-cpp: " << e.what() << std::endl;
+    return 2;
   } catch (const std::exception& e) {
     std::cerr << "rmscore-server-cpp: " << e.what() << std::endl;
     return 1;

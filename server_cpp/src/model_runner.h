@@ -1,5 +1,6 @@
-// One ONNX Runtime session over the repository's graph. Run() is called from
-// the batcher's single worker thread (and, before serving, the self-check).
+// One ONNX Runtime session over the repository's graph: one model worker
+// (--model-workers). Run() is called from its worker's batcher thread (and,
+// before serving, from warm-up, the cost profile and the self-check).
 #pragma once
 
 #include <onnxruntime_cxx_api.h>

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <stdexcept>
 
 namespace rmscore {
 namespace {
@@ -33,16 +34,26 @@ Chosen Fifo(const std::vector<const Waiting*>& live, const PlannerConfig& cfg) {
   return c;
 }
 
-// Grows a window around the oldest sequence in length order (see planner.py):
-// the oldest is always in, so nothing starves; each step takes the neighbour
-// adding the least padding (ties: the shorter), else the other if it fits.
-Chosen LengthAware(const std::vector<const Waiting*>& live, const PlannerConfig& cfg) {
+// Indices into `live` in length order (ties: queue order).
+std::vector<size_t> ByLength(const std::vector<const Waiting*>& live) {
   std::vector<size_t> by_len(live.size());
   std::iota(by_len.begin(), by_len.end(), 0);
   std::sort(by_len.begin(), by_len.end(), [&](size_t a, size_t b) {
     return live[a]->length != live[b]->length ? live[a]->length < live[b]->length : a < b;
   });
-  const size_t pos = size_t(std::find(by_len.begin(), by_len.end(), size_t{0}) - by_len.begin());
+  return by_len;
+}
+
+size_t Position(const std::vector<size_t>& by_len, size_t index) {
+  return size_t(std::find(by_len.begin(), by_len.end(), index) - by_len.begin());
+}
+
+// Grows a window around the oldest sequence in length order (see planner.py):
+// the oldest is always in, so nothing starves; each step takes the neighbour
+// adding the least padding (ties: the shorter), else the other if it fits.
+Chosen LengthAware(const std::vector<const Waiting*>& live, const PlannerConfig& cfg) {
+  const std::vector<size_t> by_len = ByLength(live);
+  const size_t pos = Position(by_len, 0);
   size_t lo = pos, hi = pos;
   int64_t longest = live[0]->length;
   int64_t count = 1;
@@ -87,6 +98,43 @@ Chosen LengthAware(const std::vector<const Waiting*>& live, const PlannerConfig&
   }
 }
 
+// The batch size, within the limits, with the most sequences per second at `length`.
+int64_t BestSize(int64_t length, const PlannerConfig& cfg, const CostTable& cost) {
+  int64_t best_k = 1, best_us = cost.BatchUs(1, length);
+  for (int64_t k = 2; k <= cfg.max_batch_size; ++k) {
+    if (!Fits(k, length, cfg)) break;
+    const int64_t us = cost.BatchUs(k, length);
+    if (k * best_us >= best_k * us) best_k = k, best_us = us;
+  }
+  return best_k;
+}
+
+// The batch holding the oldest sequence that scores the most sequences per second of model time
+// (planner.py's _cost_aware). For each size k, the cheapest batch of k holding the oldest is the
+// window of k in length order that ends as low as it can: the k - 1 sequences just shorter than the
+// oldest, or the k shortest when fewer are shorter. Among the sizes within the limits the best ratio
+// k / cost(k, longest) wins (ties: the larger batch, which clears more), compared by cross
+// multiplication in integers. "Full": the best size for this batch's length on this machine is
+// reached already, so waiting cannot help (on a CPU often 1; on a GPU large).
+Chosen CostAware(const std::vector<const Waiting*>& live, const PlannerConfig& cfg, const CostTable& cost) {
+  const std::vector<size_t> by_len = ByLength(live);
+  const size_t pos = Position(by_len, 0);
+  int64_t best_k = 1, best_us = cost.BatchUs(1, live[0]->length);
+  size_t best_hi = pos;
+  const int64_t most = std::min<int64_t>(cfg.max_batch_size, int64_t(live.size()));
+  for (int64_t k = 2; k <= most; ++k) {
+    const size_t hi = std::max(pos, size_t(k - 1));
+    const int64_t longest = live[by_len[hi]]->length;
+    if (!Fits(k, longest, cfg)) break;  // k * longest only grows with k
+    const int64_t us = cost.BatchUs(k, longest);
+    if (k * best_us >= best_k * us) best_k = k, best_us = us, best_hi = hi;
+  }
+  Chosen c;
+  c.idx.assign(by_len.begin() + (best_hi + 1 - size_t(best_k)), by_len.begin() + best_hi + 1);
+  c.full = best_k >= BestSize(live[by_len[best_hi]]->length, cfg, cost);
+  return c;
+}
+
 // No sequence arriving later could join (planner.py's _closed): the batch is at
 // the size limit, or one more of even its current longest length would break
 // the token budget. Waiting for the delay gains nothing.
@@ -98,7 +146,7 @@ bool Closed(const std::vector<const Waiting*>& live, const Chosen& c, const Plan
 
 }  // namespace
 
-Decision Plan(const std::vector<Waiting>& queue, int64_t now_us, const PlannerConfig& cfg) {
+Decision Plan(const std::vector<Waiting>& queue, int64_t now_us, const PlannerConfig& cfg, const CostTable* cost) {
   Decision d;
   std::vector<const Waiting*> live;
   live.reserve(queue.size());
@@ -111,7 +159,15 @@ Decision Plan(const std::vector<Waiting>& queue, int64_t now_us, const PlannerCo
   }
   if (live.empty()) return d;
 
-  Chosen chosen = cfg.mode == BatchingMode::kFifo ? Fifo(live, cfg) : LengthAware(live, cfg);
+  Chosen chosen;
+  if (cfg.mode == BatchingMode::kFifo) {
+    chosen = Fifo(live, cfg);
+  } else if (cfg.mode == BatchingMode::kCostAware) {
+    if (!cost) throw std::invalid_argument("the cost_aware planner needs a cost table");
+    chosen = CostAware(live, cfg, *cost);
+  } else {
+    chosen = LengthAware(live, cfg);
+  }
   const int64_t due_us = live[0]->arrival_us + cfg.max_queue_delay_us;
   if (chosen.full || Closed(live, chosen, cfg) || now_us >= due_us) {
     // Report the batch in queue order.

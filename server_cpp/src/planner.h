@@ -1,6 +1,7 @@
 // The batching policy as a pure function: server_py/rmscore/core/planner.py in C++,
 // held to the same vectors (contract/batching_vectors.json). Integer
-// microseconds everywhere so both implementations decide identically.
+// microseconds everywhere so both implementations decide identically. The
+// cost_aware mode takes the machine's cost table (cost.h) as a further input.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "config.h"
+#include "cost.h"
 
 namespace rmscore {
 
@@ -34,7 +36,9 @@ struct Decision {
   std::optional<int64_t> wait_us;
 };
 
-// `queue` is in arrival order; ids are unique.
-Decision Plan(const std::vector<Waiting>& queue, int64_t now_us, const PlannerConfig& cfg);
+// `queue` is in arrival order; ids are unique. `cost` is required by cost_aware (std::invalid_argument
+// without it) and ignored by the other modes.
+Decision Plan(const std::vector<Waiting>& queue, int64_t now_us, const PlannerConfig& cfg,
+              const CostTable* cost = nullptr);
 
 }  // namespace rmscore

@@ -61,12 +61,16 @@ struct Harness {
   std::vector<std::vector<int64_t>> batches;  // the first id of each sequence of each batch the model saw
   std::unique_ptr<Batcher> batcher;
 
-  explicit Harness(int64_t max_batch_size, int64_t delay_us = 0, int64_t max_queue = 4096) {
+  // FIFO batching, or cost_aware with `cost`; `workers` model workers, all this stand-in.
+  explicit Harness(int64_t max_batch_size, int64_t delay_us = 0, int64_t max_queue = 4096,
+                   std::shared_ptr<CostModel> cost = nullptr, int workers = 1) {
     Batcher::Options o;
-    o.planner = PlannerConfig{max_batch_size, 1 << 20, delay_us, BatchingMode::kFifo};
+    o.planner = PlannerConfig{max_batch_size, 1 << 20, delay_us, cost ? BatchingMode::kCostAware : BatchingMode::kFifo};
     o.max_queue_sequences = max_queue;
     o.pad_token_id = 0;
-    batcher = std::make_unique<Batcher>(o, [this](const PackedBatch& b) { return Model(b); }, &metrics, [this] {
+    o.cost = std::move(cost);
+    const std::vector<BatchModel> models(size_t(workers), [this](const PackedBatch& b) { return Model(b); });
+    batcher = std::make_unique<Batcher>(o, models, &metrics, [this] {
       aborted = true;
       gate.Open();
     });
@@ -352,8 +356,10 @@ TEST(Batcher, StopWithoutAbortLetsTheRunningBatchFinish) {
   EXPECT_EQ(r.scores, std::vector<float>{0.5f});
 }
 
-TEST(Batcher, ManyConcurrentSubmittersEachAnsweredOnce) {
-  Harness h(/*max_batch_size=*/5, /*delay_us=*/500);
+class BatcherWorkers : public testing::TestWithParam<int> {};
+
+TEST_P(BatcherWorkers, ManyConcurrentSubmittersEachAnsweredOnce) {
+  Harness h(/*max_batch_size=*/5, /*delay_us=*/500, 4096, nullptr, /*workers=*/GetParam());
   std::vector<std::unique_ptr<Submitted>> all;
   std::mutex all_mu;
   std::vector<std::thread> threads;
@@ -374,6 +380,90 @@ TEST(Batcher, ManyConcurrentSubmittersEachAnsweredOnce) {
   }
   h.batcher->Stop();
   for (auto& s : all) EXPECT_EQ(*s->calls, 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(OneAndTwo, BatcherWorkers, testing::Values(1, 2));
+
+// The CPU-like and GPU-like tables of contract/make_batching_vectors.py on a smaller grid (the Python
+// tests' CPU_LIKE, GPU_LIKE), injected, in milliseconds where those say microseconds: every run refines
+// the table with its measured time, and at microseconds one slow run (the gated one, or any run
+// preempted on a busy machine) could tip the CPU-like decision to batches of 2. Seconds cannot.
+std::shared_ptr<CostModel> Costs(int64_t (*fn)(int64_t b, int64_t n)) {
+  const std::vector<int64_t> sizes = {1, 2, 4, 8}, lengths = {16, 128};
+  std::vector<std::vector<int64_t>> rows;
+  for (int64_t b : sizes) {
+    rows.emplace_back();
+    for (int64_t n : lengths) rows.back().push_back(fn(b, n));
+  }
+  return std::make_shared<CostModel>(CostTable::Make(sizes, lengths, rows));
+}
+int64_t CpuLike(int64_t b, int64_t n) { return 1000 * (300 + 12 * b * n * (4 + b) / 4); }
+int64_t GpuLike(int64_t b, int64_t n) { return 1000 * (5000 + 2 * b * n); }
+std::vector<int64_t> Tokens(int64_t id, int64_t n) { return std::vector<int64_t>(size_t(n), id); }
+
+TEST(Batcher, CostAwareWithACpuLikeTableRunsSequencesOneAtATime) {
+  // While the model holds the first batch four requests arrive; where one sequence per run is
+  // cheapest per sequence, they run one by one rather than as the one batch fifo would make.
+  Harness h(/*max_batch_size=*/8, /*delay_us=*/0, 4096, Costs(CpuLike));
+  h.gated = true;
+  auto first = Submit(*h.batcher, {Tokens(1, 100)});
+  ASSERT_TRUE(h.gate.WaitEntered(1));
+  std::vector<std::unique_ptr<Submitted>> rest;
+  for (int64_t k : {2, 3, 4, 5}) rest.push_back(Submit(*h.batcher, {Tokens(k, 100)}));
+  h.gate.Open();
+  EXPECT_EQ(Get(*first).scores, std::vector<float>{1100});
+  for (int64_t k = 2; k <= 5; ++k) EXPECT_EQ(Get(*rest[size_t(k - 2)]).scores, std::vector<float>{float(k * 1000 + 100)});
+  EXPECT_EQ(h.Batches(), (Batches{{1}, {2}, {3}, {4}, {5}}));
+}
+
+TEST(Batcher, CostAwareWithAGpuLikeTableWaitsToFillTheBatch) {
+  // A one-minute delay: three sequences wait for a fourth, since four at once cost little more
+  // than one; the fourth makes the best batch and it runs at once.
+  Harness h(/*max_batch_size=*/4, /*delay_us=*/60'000'000, 4096, Costs(GpuLike));
+  std::vector<std::unique_ptr<Submitted>> jobs;
+  for (int64_t k : {1, 2, 3, 4}) jobs.push_back(Submit(*h.batcher, {Tokens(k, 100)}));
+  for (int64_t k = 1; k <= 4; ++k) EXPECT_EQ(Get(*jobs[size_t(k - 1)]).scores, std::vector<float>{float(k * 1000 + 100)});
+  EXPECT_EQ(h.Batches(), (Batches{{1, 2, 3, 4}}));
+}
+
+TEST(Batcher, CostAwareRefinesItsTableFromTheBatchesItRuns) {
+  auto cost = Costs(CpuLike);
+  Harness h(/*max_batch_size=*/8, /*delay_us=*/0, 4096, cost);
+  h.fail_on = 66;
+  const int64_t before = cost->table().BatchUs(1, 16);
+  for (int64_t k = 1; k <= 5; ++k) EXPECT_EQ(Get(*Submit(*h.batcher, {Tokens(k, 16)})).scores, std::vector<float>{float(k * 1000 + 16)});
+  EXPECT_EQ(Get(*Submit(*h.batcher, {{66}})).status.error_code(), grpc::StatusCode::INTERNAL);
+  h.batcher->Stop();  // the batcher threads have ended: the model may be read without its lock
+  // The stand-in model takes microseconds, the table said 300+ ms: each run pulled the cell down. The
+  // failed run is no measurement.
+  EXPECT_EQ(cost->observed(), 5);
+  EXPECT_LT(cost->table().BatchUs(1, 16), before);
+}
+
+TEST(Batcher, TwoModelWorkersRunTwoBatchesAtOnce) {
+  Harness h(/*max_batch_size=*/1, /*delay_us=*/0, 4096, nullptr, /*workers=*/2);
+  h.gated = true;
+  auto a = Submit(*h.batcher, {{1}});
+  auto b = Submit(*h.batcher, {{2}});
+  ASSERT_TRUE(h.gate.WaitEntered(2));  // both in the model together: one worker could never get here
+  h.gate.Open();
+  EXPECT_EQ(Get(*a).scores, std::vector<float>{1001});
+  EXPECT_EQ(Get(*b).scores, std::vector<float>{2001});
+}
+
+TEST(Batcher, StopAbortsTheRunsOfEveryWorker) {
+  Harness h(/*max_batch_size=*/1, /*delay_us=*/0, 4096, nullptr, /*workers=*/2);
+  h.gated = true;
+  auto a = Submit(*h.batcher, {{1}});
+  auto b = Submit(*h.batcher, {{2}});
+  ASSERT_TRUE(h.gate.WaitEntered(2));
+  auto queued = Submit(*h.batcher, {{3}});
+  h.batcher->Stop();
+  // The aborted runs are the drain's refusal, as in StopAbortsTheRunningBatch: UNAVAILABLE draining.
+  EXPECT_EQ(Get(*a).status.error_message(), "not ready: draining");
+  EXPECT_EQ(Get(*b).status.error_message(), "not ready: draining");
+  EXPECT_EQ(Get(*queued).status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(*a->calls + *b->calls + *queued->calls, 3);
 }
 
 }  // namespace

@@ -72,6 +72,31 @@ TEST(Config, BadValuesQuoteTheValue) {
 }
 
 // The same rules and messages as the Python servers (tests/conformance/test_flags.py holds both).
+TEST(Config, CostFlags) {
+  const Config d = Parse({});
+  EXPECT_EQ(d.cost_profile, "");
+  EXPECT_EQ(d.cost_profile_seconds, 10.0);
+  const Config c = Parse({"--batching", "cost_aware", "--cost-profile", "/tmp/p.json", "--cost-profile-seconds=2.5"});
+  EXPECT_EQ(c.batching, BatchingMode::kCostAware);
+  EXPECT_EQ(c.cost_profile, "/tmp/p.json");
+  EXPECT_EQ(c.cost_profile_seconds, 2.5);
+  EXPECT_EQ(Parse({"--cost-profile", "here.json"}).cost_profile, "here.json");
+  EXPECT_EQ(ErrorOf({"--cost-profile-seconds", "0"}), "--cost-profile-seconds: must be > 0, got 0");
+  EXPECT_EQ(ErrorOf({"--cost-profile", "/no/such/dir/p.json"}),
+            "--cost-profile: must be a file in an existing directory, got '/no/such/dir/p.json'");
+  EXPECT_EQ(ErrorOf({"--batching", "best"}), "--batching: must be one of cost_aware, fifo, length_aware, got 'best'");
+}
+
+TEST(Config, ModelWorkers) {
+  EXPECT_EQ(Parse({}).model_workers, 1);
+  EXPECT_EQ(Parse({"--model-workers", "auto"}).model_workers, kAutoWorkers);
+  EXPECT_EQ(Parse({"--model-workers", "2", "--intra-op-threads", "4"}).model_workers, 2);
+  EXPECT_EQ(ErrorOf({"--model-workers", "0"}), "--model-workers: must be 'auto' or an integer >= 1, got '0'");
+  EXPECT_EQ(ErrorOf({"--model-workers", "two"}), "--model-workers: must be 'auto' or an integer >= 1, got 'two'");
+  EXPECT_EQ(ErrorOf({"--model-workers", "4"}),
+            "--model-workers: each worker needs an intra-op thread: must be <= --intra-op-threads (2), got 4");
+}
+
 TEST(Config, DrainGraceMustBePositive) {
   EXPECT_EQ(ErrorOf({"--drain-grace-seconds", "0"}), "--drain-grace-seconds: must be > 0, got 0");
   EXPECT_EQ(ErrorOf({"--drain-grace-seconds=-2"}), "--drain-grace-seconds: must be > 0, got -2");

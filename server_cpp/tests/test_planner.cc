@@ -24,7 +24,7 @@ std::optional<int64_t> OptInt(const json& j) {
 
 TEST(Planner, MatchesEverySharedVector) {
   const json vectors = LoadVectors();
-  size_t checked = 0;
+  size_t checked = 0, cost_aware = 0;
   for (const char* group : {"hand", "generated"}) {
     for (const json& c : vectors.at(group)) {
       const json& cj = c.at("config");
@@ -33,23 +33,50 @@ TEST(Planner, MatchesEverySharedVector) {
       cfg.max_batch_tokens = cj.at("max_batch_tokens");
       cfg.max_queue_delay_us = cj.at("max_queue_delay_us");
       const std::string mode = cj.at("mode");
-      ASSERT_TRUE(mode == "fifo" || mode == "length_aware") << mode;
-      cfg.mode = mode == "fifo" ? BatchingMode::kFifo : BatchingMode::kLengthAware;
+      ASSERT_TRUE(mode == "fifo" || mode == "length_aware" || mode == "cost_aware") << mode;
+      cfg.mode = mode == "fifo"         ? BatchingMode::kFifo
+                 : mode == "cost_aware" ? BatchingMode::kCostAware
+                                        : BatchingMode::kLengthAware;
+      std::optional<CostTable> table;
+      if (cj.contains("cost_table")) table = CostTable::FromJson(cj.at("cost_table"));
       std::vector<Waiting> queue;
       for (const json& w : c.at("waiting")) {
         queue.push_back(Waiting{w.at("id"), w.at("arrival_us"), w.at("length"), OptInt(w.at("deadline_us"))});
       }
-      const Decision d = Plan(queue, c.at("now_us"), cfg);
+      const Decision d = Plan(queue, c.at("now_us"), cfg, table ? &*table : nullptr);
       const json& e = c.at("expect");
       const std::string name = c.at("name");
       EXPECT_EQ(d.expired, e.at("expired").get<std::vector<uint64_t>>()) << name;
       EXPECT_EQ(d.batch, e.at("batch").get<std::vector<uint64_t>>()) << name;
       EXPECT_EQ(d.wait_us, OptInt(e.at("wait_us"))) << name;
       ++checked;
+      cost_aware += cfg.mode == BatchingMode::kCostAware;
     }
   }
-  // The file holds 17 hand-made and 300 generated cases today; never zero.
-  EXPECT_GE(checked, 300u);
+  // The file holds 28 hand-made and 450 generated cases today, 157 of them cost_aware; never zero.
+  EXPECT_GE(checked, 450u);
+  EXPECT_GE(cost_aware, 150u);
+}
+
+// CostTable::BatchUs against Python's integer interpolation at grid points, between them, below and
+// past them, on the CPU-like, GPU-like and noisy (made non-decreasing) tables.
+TEST(CostTable, MatchesEverySharedQuery) {
+  const json vectors = LoadVectors();
+  size_t checked = 0;
+  for (const json& entry : vectors.at("cost_tables")) {
+    const CostTable table = CostTable::FromJson(entry.at("table"));
+    for (const json& q : entry.at("queries")) {
+      const int64_t b = q.at(0), n = q.at(1), want = q.at(2);
+      EXPECT_EQ(table.BatchUs(b, n), want) << entry.at("table").dump() << " B=" << b << " L=" << n;
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 27u);
+}
+
+TEST(Planner, CostAwareWithoutATableIsRefused) {
+  PlannerConfig cfg{8, 4096, 0, BatchingMode::kCostAware};
+  EXPECT_THROW(Plan({Waiting{1, 0, 10, std::nullopt}}, 0, cfg), std::invalid_argument);
 }
 
 TEST(Planner, EmptyQueueSleeps) {

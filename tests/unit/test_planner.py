@@ -5,6 +5,7 @@ import pathlib
 
 import pytest
 
+from rmscore.core.cost import CostTable
 from rmscore.core.planner import PlannerConfig, Waiting, plan
 
 VECTORS = json.loads((pathlib.Path(__file__).resolve().parents[2] / "contract" / "batching_vectors.json").read_text())
@@ -15,7 +16,8 @@ CASES = VECTORS["hand"] + VECTORS["generated"]
 def test_planner_matches_vector(case):
     c = case["config"]
     cfg = PlannerConfig(c["max_batch_size"], c["max_batch_tokens"], c["max_queue_delay_us"], c["mode"])
-    d = plan([Waiting(**w) for w in case["waiting"]], case["now_us"], cfg)
+    table = CostTable.from_json(c["cost_table"]) if "cost_table" in c else None
+    d = plan([Waiting(**w) for w in case["waiting"]], case["now_us"], cfg, table)
     assert (d.expired, d.batch, d.wait_us) == (
         case["expect"]["expired"], case["expect"]["batch"], case["expect"]["wait_us"])
 
@@ -30,3 +32,9 @@ def test_oldest_always_in_batch_when_dispatching():
             n = len(case["expect"]["batch"])
             assert n <= c["max_batch_size"]
             assert n == 1 or n * longest <= c["max_batch_tokens"]
+
+
+@pytest.mark.parametrize("entry", VECTORS["cost_tables"], ids=["cpu-like", "gpu-like", "noisy"])
+def test_cost_table_matches_vector(entry):
+    table = CostTable.from_json(entry["table"])
+    assert [[b, n, table.batch_us(b, n)] for b, n, _ in entry["queries"]] == entry["queries"]

@@ -5,6 +5,7 @@
     rmscore bench --preset full --out bench-full          # the real run
     rmscore bench --report-only bench-full/run.json       # redo report and plots from the JSON
     rmscore bench --overhead --preset short --out runs/cpp_bench   # the C++ serving overhead
+    rmscore bench --scheduling --out runs/scheduling              # servers vs the best in-process plan
 
 Writes OUT/run.json (every repetition, every latency, and the summary), OUT/report.md and the PNG
 plots next to it. docs/benchmark.md explains each figure. With --overhead, instead: the C++
@@ -63,6 +64,11 @@ def add_parsers(sub) -> None:
                    "(or overhead.md from an overhead.json)")
     p.add_argument("--overhead", action="store_true",
                    help="the C++ serving-overhead study (docs/cpp_bench.md); kinds from cpp-grpc, py-grpc-onnxruntime")
+    p.add_argument("--scheduling", action="store_true",
+                   help="each kind against the best in-process plan of its runtime, one sequence per request "
+                        "(bench/scheduling.py)")
+    p.add_argument("--configs", type=comma_list(),
+                   help="--scheduling: POLICY:WORKERS configurations (default: length_aware:1,cost_aware:1,cost_aware:auto)")
     p.set_defaults(func=main)
 
 
@@ -146,12 +152,28 @@ def main_overhead(args, settings) -> int:
     return 0
 
 
+def main_scheduling(args, settings) -> int:
+    from rmscore_loadtest.bench import scheduling
+
+    kinds = list(args.kinds or scheduling.KINDS)
+    configs = list(args.configs or scheduling.CONFIGS)
+    bad = [c for c in configs if c.count(":") != 1 or c.split(":")[0] not in ("fifo", "length_aware", "cost_aware")]
+    if bad:
+        raise SystemExit(f"rmscore bench --scheduling: --configs {bad}: expected POLICY:WORKERS, e.g. cost_aware:auto")
+    model = str(pathlib.Path(args.model).resolve())
+    record = scheduling.run(settings, pathlib.Path(args.out), model, kinds, configs)
+    print(scheduling.markdown(record))
+    return 0
+
+
 def main(args) -> int:
     if args.report_only:
         return report_only(args.report_only)
     settings = settings_from(args)
     if args.overhead:
         return main_overhead(args, settings)
+    if args.scheduling:
+        return main_scheduling(args, settings)
     from rmscore_loadtest.bench.runner import Bench
 
     out = pathlib.Path(args.out)

@@ -8,7 +8,7 @@ from rmscore.tools.kinds import ALL_KINDS, KINDS, RUNTIMES
 
 BACKEND_OF = {name: k.runtime for name, k in KINDS.items()}
 MODES = ("isolated", "contended")
-BATCHING = ("length_aware", "fifo")
+BATCHING = ("length_aware", "fifo", "cost_aware")
 ABLATION_POLICIES = ("no_batching", "fifo_fixed", "token_budget", "length_aware")
 
 

@@ -1,9 +1,11 @@
 """Dynamic batching, Triton-style, shared by the Python gRPC and HTTP servers.
 
-The sequences of accepted requests wait in one queue; one batcher thread asks the
+The sequences of accepted requests wait in one queue; a batcher thread asks the
 planner (planner.py) what to run or how long to wait, then runs that batch on the
 model itself, and each request is answered once all of its sequences are scored,
-or at once when it fails. server_cpp/src/batcher.{h,cc} is this file in C++, with
+or at once when it fails. With several model workers (--model-workers) there is
+one batcher thread per worker, each with its own model session, all running the
+same loop: whichever is idle plans the next batch. server_cpp/src/batcher.{h,cc} is this file in C++, with
 the same names and the same steps (docs/batching.md, "Structure").
 
 Locking: everything shared lives under `_mu`. It is held to admit, plan, take and
@@ -21,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from rmscore.core.cost import CostModel
 from rmscore.core.errors import Code, ScoreError
 from rmscore.core.metrics import Metrics
 from rmscore.core.planner import PlannerConfig, Waiting, plan
@@ -98,12 +101,15 @@ class Batcher:
         planner: PlannerConfig
         max_queue_sequences: int = 4096
         pad_token_id: int = 0
+        # What batches cost here (cost_aware plans with it; every run refines it). Guarded by _mu.
+        cost: CostModel | None = None
 
-    def __init__(self, opts: Options, model: BatchModel, metrics: Metrics,
+    def __init__(self, opts: Options, model: BatchModel | list[BatchModel], metrics: Metrics,
                  abort: Callable[[], None] | None = None):
-        """`abort` (optional) makes a model run in progress fail; stop uses it."""
+        """`model`: one per worker (a list) or a single one. `abort` (optional) makes the model runs in
+        progress fail; stop uses it."""
         self._opts = opts
-        self._model = model
+        models = model if isinstance(model, list) else [model]
         self._abort = abort
         self._metrics = metrics
         self._mu = threading.Lock()
@@ -114,9 +120,11 @@ class Batcher:
         self._in_flight = 0  # accepted, callback not yet run
         self._accepting = True
         self._stopping = False
-        # The batcher thread: plans, then runs, one batch at a time.
-        self._thread = threading.Thread(target=self._loop, name="rmscore-batcher", daemon=True)
-        self._thread.start()
+        # The batcher threads, one per model worker: each plans, then runs, one batch at a time.
+        self._threads = [threading.Thread(target=self._loop, args=(m,), name=f"rmscore-batcher-{i}", daemon=True)
+                         for i, m in enumerate(models)]
+        for t in self._threads:
+            t.start()
 
     # ---- callers' API ------------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
@@ -172,8 +180,8 @@ class Batcher:
             return self._idle_cv.wait_for(lambda: self._in_flight == 0, max(0.0, deadline_s - time.monotonic()))
 
     def stop(self, join_timeout_s: float = 30.0) -> None:
-        """Refuse new jobs, fail the queued ones UNAVAILABLE, abort the model run in progress (its
-        jobs fail INTERNAL) and end the batcher thread. Without `abort` (torch cannot interrupt a
+        """Refuse new jobs, fail the queued ones UNAVAILABLE, abort the model runs in progress (their
+        jobs fail UNAVAILABLE too) and end the batcher threads. Without `abort` (torch cannot interrupt a
         run) the running batch's jobs are answered when it ends, if the transport is still up."""
         answers: list[Job] = []
         with self._mu:
@@ -181,29 +189,33 @@ class Batcher:
             self._stopping = True
             while self._queue:
                 self._fail_locked(next(iter(self._queue.values())).job, _draining(), None, answers)
-            self._work_cv.notify()
+            self._work_cv.notify_all()  # every batcher thread must see _stopping
         self._answer(answers)
-        if not self._thread.is_alive():
+        if not self.running():
             return  # stopped before
         if self._abort:
             self._abort()
-        self._thread.join(join_timeout_s)
+        until = time.monotonic() + join_timeout_s
+        for t in self._threads:
+            t.join(max(0.0, until - time.monotonic()))
 
     def running(self) -> bool:
-        """The batcher thread is still alive (after stop: a batch is still in the model)."""
-        return self._thread.is_alive()
+        """A batcher thread is still alive (after stop: a batch is still in a model)."""
+        return any(t.is_alive() for t in self._threads)
 
     # ---- the batcher thread ----------------------------------------------------------------------------
-    def _loop(self) -> None:
+    def _loop(self, model: BatchModel) -> None:
         while True:
             answers: list[Job] = []
             with self._mu:
                 if self._stopping:
                     return
                 batch = self._next_batch_locked(answers)
+                if batch is not None and self._queue:
+                    self._work_cv.notify()  # work is left: an idle worker may take the next batch
             self._answer(answers)
             if batch is not None:
-                self._run(batch)
+                self._run(batch, model)
 
     def _next_batch_locked(self, answers: list[Job]) -> _Batch | None:
         """Precondition: _mu held. Waits until there is something to do: returns the next batch,
@@ -214,7 +226,8 @@ class Batcher:
                 self._work_cv.wait()
                 continue
             now = _now_us()
-            decision = plan(self._waiting_locked(), now, self._opts.planner)
+            cost = self._opts.cost.table if self._opts.cost is not None else None
+            decision = plan(self._waiting_locked(), now, self._opts.planner, cost)
             expired = ScoreError(Code.DEADLINE_EXCEEDED, "deadline exceeded before scoring")
             for seq_id in decision.expired:
                 # All of a job's sequences share its deadline: the first one fails (and removes) them all.
@@ -244,13 +257,13 @@ class Batcher:
         self._metrics.set_queue_depth(len(self._queue))
         return _Batch(seqs, input_ids, mask, 1.0 - float(mask.sum()) / mask.size)
 
-    def _run(self, b: _Batch) -> None:
-        """Runs one batch on the model (without _mu), then records its scores or its failure."""
+    def _run(self, b: _Batch, model: BatchModel) -> None:
+        """Runs one batch on this worker's model (without _mu), then records its scores or its failure."""
         t0 = time.perf_counter()
         scores: np.ndarray | None = None
         error: ScoreError | None = None
         try:
-            scores = np.asarray(self._model(b.input_ids, b.attention_mask), dtype=np.float32)
+            scores = np.asarray(model(b.input_ids, b.attention_mask), dtype=np.float32)
             if scores.shape != (len(b.seqs),):
                 raise RuntimeError(f"model returned shape {scores.shape} for a batch of {len(b.seqs)}")
         except Exception as e:  # noqa: BLE001 - any runtime failure fails this batch, not the server
@@ -263,6 +276,12 @@ class Batcher:
             self._metrics.sequences_scored(len(b.seqs))
         answers: list[Job] = []
         with self._mu:
+            if error is not None and self._stopping:
+                # A run aborted by stop (the end of the drain grace) is the drain refusing the work,
+                # as for the jobs still queued, not a model fault (the C++ batcher's rule).
+                error = _draining()
+            if self._opts.cost is not None and error is None:
+                self._opts.cost.observe(len(b.seqs), b.input_ids.shape[1], ms / 1e3)
             self._scored_locked(b, scores, ms, answers)
             if error is not None:
                 # Each job of the batch fails once; its sequences still queued never reach the model.

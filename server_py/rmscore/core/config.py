@@ -23,6 +23,23 @@ class ConfigError(ValueError):
     pass
 
 
+#: --model-workers auto: measured at warm-up (runtimes/workers.py).
+AUTO_WORKERS = 0
+
+
+def parse_workers(value: str) -> int:
+    """--model-workers: "auto" (AUTO_WORKERS) or a count >= 1."""
+    if value == "auto":
+        return AUTO_WORKERS
+    try:
+        count = int(value)
+    except ValueError:
+        count = -1
+    if count < 1:
+        raise ConfigError(f"--model-workers: must be 'auto' or an integer >= 1, got {value!r}")
+    return count
+
+
 #: The most of --drain-grace-seconds kept for failing what is left and closing the transports after the
 #: drain (docs/contract.md); the C++ server's kShutdownReserveMaxS.
 SHUTDOWN_RESERVE_MAX_S = 3.0
@@ -72,6 +89,12 @@ class ServeConfig:
     max_connection_age_grace_seconds: float = 30.0
     #: Times the backend's warm-up set runs before the self-check (same flag in the C++ server).
     warmup_rounds: int = 1
+    #: The cost table (core/cost_profile.py): loaded from this file when it exists, else measured at
+    #: warm-up within --cost-profile-seconds and saved here. None: measured, not saved.
+    cost_profile: pathlib.Path | None = None
+    cost_profile_seconds: float = 10.0
+    #: Model sessions run in parallel, each with intra_op_threads / model_workers threads; AUTO_WORKERS: measured.
+    model_workers: int = 1
     # Access control (docs/contract.md): TLS with both files, a shared bearer token from a
     # file (never a flag value, so it does not show in `ps`). None: off.
     tls_cert_file: pathlib.Path | None = None
@@ -133,6 +156,12 @@ class ServeConfig:
             check(value >= 1, flag, "must be >= 1", value)
         check(self.max_queue_delay_ms >= 0, "max-queue-delay-ms", "must be >= 0", self.max_queue_delay_ms)
         check(self.drain_grace_seconds > 0, "drain-grace-seconds", "must be > 0", self.drain_grace_seconds)
+        check(self.model_workers <= self.intra_op_threads, "model-workers",
+              f"each worker needs an intra-op thread: must be <= --intra-op-threads ({self.intra_op_threads})",
+              self.model_workers)
+        check(self.cost_profile_seconds > 0, "cost-profile-seconds", "must be > 0", self.cost_profile_seconds)
+        check(self.cost_profile is None or self.cost_profile.parent.is_dir(), "cost-profile",
+              "must be a file in an existing directory", str(self.cost_profile))
         # gRPC takes both in milliseconds in an int32.
         check(0 < self.max_connection_age_seconds <= MAX_CHANNEL_SECONDS, "max-connection-age-seconds",
               f"must be > 0 and <= {MAX_CHANNEL_SECONDS}", self.max_connection_age_seconds)
@@ -203,7 +232,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  "warmup_rounds"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=d[name].default, help="(default: %(default)s)")
     for name in ("max_queue_delay_ms", "drain_grace_seconds", "max_connection_age_seconds",
-                 "max_connection_age_grace_seconds"):
+                 "max_connection_age_grace_seconds", "cost_profile_seconds"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=d[name].default, help="(default: %(default)s)")
     for name in ("batching", "graph_optimization_level", "precision", "device"):
         p.add_argument("--" + name.replace("_", "-"), default=d[name].default, help="(default: %(default)s)")
@@ -211,6 +240,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-key-file", default=None, help="PEM private key of --tls-cert-file")
     p.add_argument("--auth-token-file", default=None,
                    help="file holding a shared bearer token required on every call but health")
+    p.add_argument("--model-workers", default="1",
+                   help="model sessions run in parallel, each with intra-op-threads / N threads; 'auto' measures "
+                        "1, 2, 4 ... at warm-up and keeps the fastest (default: %(default)s)")
+    p.add_argument("--cost-profile", default=None,
+                   help="cost table file: loaded when it exists (refused if measured for another model, backend, "
+                        "device, precision or thread count), else measured at warm-up and saved there")
     _add_text_arguments(p)
 
 
@@ -237,6 +272,8 @@ def from_args(a: argparse.Namespace) -> ServeConfig:
         max_connection_age_grace_seconds=a.max_connection_age_grace_seconds,
         tls_cert_file=_path("tls-cert-file", a.tls_cert_file), tls_key_file=_path("tls-key-file", a.tls_key_file),
         auth_token_file=_path("auth-token-file", a.auth_token_file),
+        cost_profile=_path("cost-profile", a.cost_profile), cost_profile_seconds=a.cost_profile_seconds,
+        model_workers=parse_workers(a.model_workers),
         strip_strings=tuple(getattr(a, "strip_strings", ())), chat_template=getattr(a, "chat_template", None))
 
 

@@ -6,6 +6,7 @@ long to wait before asking again. The C++ server implements the same function
 (server_cpp/src/planner.cc) and both are held to contract/batching_vectors.json.
 
 All times are integer microseconds so the two implementations agree exactly.
+The `cost_aware` mode takes the machine's cost table (cost.py) as a further input.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from rmscore.core.cost import CostTable
+
 FIFO = "fifo"
 LENGTH_AWARE = "length_aware"
-MODES = (FIFO, LENGTH_AWARE)
+COST_AWARE = "cost_aware"
+MODES = (FIFO, LENGTH_AWARE, COST_AWARE)
 
 
 @dataclass(frozen=True)
@@ -47,8 +51,8 @@ class Decision:
     wait_us: int | None = None
 
 
-def plan(queue: Sequence[Waiting], now_us: int, cfg: PlannerConfig) -> Decision:
-    """`queue` is in arrival (queue) order; ids are unique."""
+def plan(queue: Sequence[Waiting], now_us: int, cfg: PlannerConfig, cost: CostTable | None = None) -> Decision:
+    """`queue` is in arrival (queue) order; ids are unique. `cost` is required by `cost_aware`."""
     decision = Decision()
     live = []
     for w in queue:
@@ -61,6 +65,10 @@ def plan(queue: Sequence[Waiting], now_us: int, cfg: PlannerConfig) -> Decision:
 
     if cfg.mode == FIFO:
         chosen, full = _fifo(live, cfg)
+    elif cfg.mode == COST_AWARE:
+        if cost is None:
+            raise ValueError("the cost_aware planner needs a cost table")
+        chosen, full = _cost_aware(live, cfg, cost)
     else:
         chosen, full = _length_aware(live, cfg)
 
@@ -135,3 +143,44 @@ def _length_aware(live: list[Waiting], cfg: PlannerConfig) -> tuple[list[int], b
             hi += 1
             longest = new_longest
         count += 1
+
+
+def _cost_aware(live: list[Waiting], cfg: PlannerConfig, cost: CostTable) -> tuple[list[int], bool]:
+    """The batch holding the oldest sequence that scores the most sequences per second of model time.
+
+    For each size k, the cheapest batch of k that holds the oldest is the window of k in length
+    order that ends as low as it can: the k - 1 sequences just shorter than the oldest, or the k
+    shortest when fewer are shorter. Among the sizes within the limits, the best ratio k / cost(k,
+    longest) wins (ties: the larger batch, which clears more). Throughputs are compared by cross
+    multiplication, in integers, as the C++ planner does.
+
+    "Full" means waiting cannot help: the best size for this batch's length on this machine,
+    within the limits, is reached already (on a CPU that is often 1: run at once; on a GPU it is
+    large: wait for the delay, as length_aware does).
+    """
+    by_len = sorted(range(len(live)), key=lambda i: (live[i].length, i))
+    pos = by_len.index(0)
+    best_k, best_us, best_hi = 1, cost.batch_us(1, live[0].length), pos
+    for k in range(2, min(cfg.max_batch_size, len(live)) + 1):
+        hi = max(pos, k - 1)
+        longest = live[by_len[hi]].length
+        if not _fits(k, longest, cfg):
+            break  # k * longest only grows with k
+        us = cost.batch_us(k, longest)
+        if k * best_us >= best_k * us:
+            best_k, best_us, best_hi = k, us, hi
+    chosen = [live[i].id for i in by_len[best_hi - best_k + 1:best_hi + 1]]
+    longest = live[by_len[best_hi]].length
+    return chosen, best_k >= _best_size(longest, cfg, cost)
+
+
+def _best_size(length: int, cfg: PlannerConfig, cost: CostTable) -> int:
+    """The batch size, within the limits, with the most sequences per second at `length`."""
+    best_k, best_us = 1, cost.batch_us(1, length)
+    for k in range(2, cfg.max_batch_size + 1):
+        if not _fits(k, length, cfg):
+            break
+        us = cost.batch_us(k, length)
+        if k * best_us >= best_k * us:
+            best_k, best_us = k, us
+    return best_k

@@ -14,12 +14,18 @@ import sys
 import threading
 import time
 
+import numpy as np
+
 from rmscore import runtimes
 from rmscore.core.batcher import Batcher, Job, Result
-from rmscore.core.config import ServeConfig
+from rmscore.core import cost_profile
+from rmscore.core.config import ConfigError, ServeConfig
+from rmscore.core.cost import CostModel, CostTable
+from rmscore.core.planner import COST_AWARE
 from rmscore.core.errors import Code, ScoreError
 from rmscore.core.metrics import Metrics
 from rmscore.model.repository import ModelRepo, load_repo
+from rmscore.runtimes.workers import start_workers
 from rmscore.core.validation import Limits, SeqInput, Validator
 
 WARMING_UP, SERVING, DRAINING, FAILED = "warming_up", "serving", "draining", "failed"
@@ -48,6 +54,17 @@ class ScoringCore:
         self._loader: threading.Thread | None = None
         # Serialises the warm-up's "now SERVING" against SIGTERM's "now DRAINING".
         self._state_lock = threading.Lock()
+        self._recompiles_lock = threading.Lock()  # model workers' threads count recompiles together
+        self.backends: list = []
+        # A saved profile is checked before anything loads: a wrong one refuses to start at once.
+        self.cost_identity = cost_profile.identity(self.repo, cfg)
+        self.cost_table: CostTable | None = None
+        if cfg.cost_profile is not None and cfg.cost_profile.exists():
+            try:
+                self.cost_table, workers = cost_profile.load(cfg.cost_profile, self.cost_identity)
+            except cost_profile.ProfileError as e:
+                raise ConfigError(str(e)) from None
+            self.cost_identity["model_workers"] = workers  # auto takes the profile's: no second measurement
 
     # ---- start-up -------------------------------------------------------------------------
     def start_loading(self, on_state) -> None:
@@ -59,12 +76,17 @@ class ScoringCore:
     def _load(self) -> None:
         t0 = time.perf_counter()
         try:
-            self.backend = runtimes.create(self.cfg, self.repo)
+            workers = self.cost_identity["model_workers"]
+            self.backends = start_workers(self.cfg, self.repo, workers or None)
+            self.backend = self.backends[0]
+            self.cost_identity["model_workers"] = len(self.backends)
             for _ in range(self.cfg.warmup_rounds):
                 if self.state != WARMING_UP:  # SIGTERM: a long --warmup-rounds must not hold the exit
                     runtimes.progress("stopped during warm-up")
                     return
-                self.backend.warmup(self.cfg.max_batch_size, self.repo.max_sequence_length)
+                for backend in self.backends:
+                    backend.warmup(self.cfg.max_batch_size, self.repo.max_sequence_length)
+            cost = self._cost_model()
             diff = runtimes.self_check(self.backend, self.repo, self.cfg.precision)
             runtimes.progress(f"self-check passed: max abs diff {diff:.2e} against the golden scores")
             self._baseline_recompiles = self.backend.recompiles()
@@ -78,17 +100,45 @@ class ScoringCore:
                 return
             # No abort hook: neither backend can interrupt a run (stop() says what that means).
             self.batcher = Batcher(Batcher.Options(self.cfg.planner, self.cfg.max_queue_sequences,
-                                                   self.repo.pad_token_id), self._score, self.metrics)
+                                                   self.repo.pad_token_id, cost),
+                                   [self._scorer(b) for b in self.backends], self.metrics)
             self._set_state(SERVING)
         runtimes.progress(f"ready: SERVING after {time.perf_counter() - t0:.1f} s")
 
-    def _score(self, input_ids, attention_mask):
-        scores = self.backend.score(input_ids, attention_mask)
-        grown = self.backend.recompiles() - self._baseline_recompiles
-        if grown > 0:
-            self.metrics.recompiles(grown)
-            self._baseline_recompiles += grown
-        return scores
+    def _cost_model(self) -> CostModel | None:
+        """The cost table: the profile loaded at start, or measured now (and saved with --cost-profile).
+        None when nothing plans with it and no profile was asked for: measuring costs start-up time."""
+        if self.cfg.batching != COST_AWARE and self.cfg.cost_profile is None:
+            return None
+        if self.cost_table is None:
+            rng = np.random.default_rng(0)
+            low = min(1000, self.repo.vocab_size - 1)
+
+            def run(b: int, n: int) -> float:
+                ids = rng.integers(low, self.repo.vocab_size, size=(b, n), dtype=np.int64)
+                t = time.perf_counter()
+                self.backend.score(ids, np.ones((b, n), np.int64))
+                return time.perf_counter() - t
+
+            self.cost_table, spent = cost_profile.measure(run, self.cfg.max_batch_size, self.repo.max_sequence_length,
+                                                          self.cfg.cost_profile_seconds, runtimes.progress)
+            if self.cfg.cost_profile is not None:
+                cost_profile.save(self.cfg.cost_profile, self.cost_table, self.cost_identity, spent)
+                runtimes.progress(f"cost profile saved to {self.cfg.cost_profile}")
+        runtimes.progress(cost_profile.describe(self.cost_table))
+        return CostModel(self.cost_table)
+
+    def _scorer(self, backend):
+        """The batcher's model for one worker: scores, and counts graphs compiled after warm-up."""
+        def score(input_ids, attention_mask):
+            scores = backend.score(input_ids, attention_mask)
+            with self._recompiles_lock:
+                grown = self.backend.recompiles() - self._baseline_recompiles
+                if grown > 0:
+                    self.metrics.recompiles(grown)
+                    self._baseline_recompiles += grown
+            return scores
+        return score
 
     def _set_state(self, state: str) -> None:
         self.state = state

@@ -21,4 +21,8 @@ def serve(args) -> int:
         from rmscore.frontends.grpc_server import run
     else:
         from rmscore.frontends.http_server import run
-    return run(cfg)
+    try:
+        return run(cfg)
+    except ConfigError as e:  # what only the model repository can tell, e.g. a cost profile for another model
+        print(f"rmscore serve: error: {e}", flush=True)
+        return 2

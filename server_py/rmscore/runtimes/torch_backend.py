@@ -36,6 +36,7 @@ class TorchBackend:
                                "not falling back to the CPU")
         self.device = torch.device(cfg.device)
         self._autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+        self._intra_op_threads = cfg.intra_op_threads
         _set_threads(cfg.intra_op_threads, cfg.inter_op_threads)
         progress(f"loading {repo.hf_dir} into PyTorch {torch.__version__} ({self.name}, {cfg.device})")
         spec = inspect_checkpoint(repo.hf_dir)
@@ -73,6 +74,10 @@ class TorchBackend:
             self.score(np.ones((b, n), np.int64), np.ones((b, n), np.int64))
             progress(f"warm-up {i}/{len(shapes)}: batch {b} x length {n} in {time.perf_counter() - t:.1f} s")
         self._graphs_after_warmup = self._unique_graphs()
+
+    def use_threads(self) -> None:
+        """torch's intra-op thread count is per process: --model-workers auto sets it per candidate."""
+        torch.set_num_threads(self._intra_op_threads)
 
     def recompiles(self) -> int:
         return max(0, self._unique_graphs() - self._graphs_after_warmup) if self.name == "compile" else 0

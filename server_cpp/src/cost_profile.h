@@ -1,0 +1,64 @@
+// Measuring, saving and loading the cost table (cost.h) a server plans with:
+// server_py/rmscore/core/cost_profile.py in C++, reading and writing the same file format.
+//
+// At warm-up a server times a small grid of batch shapes on its own runtime (Measure, bounded by
+// --cost-profile-seconds); with --cost-profile FILE it saves the table there, and a restart loads it
+// instead of measuring again. A profile holds the identity of what it measured: one measured for
+// anything else is refused with a message naming what differs, and a file that is not a profile is
+// refused as such. Nothing is served from a refused profile: the server does not start.
+#pragma once
+
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "config.h"
+#include "cost.h"
+#include "manifest.h"
+
+namespace rmscore::cost_profile {
+
+inline constexpr const char* kFormat = "rmscore-cost-profile/1";
+// What a profile must match, in the order a mismatch is reported.
+const std::vector<std::string>& IdentityKeys();
+
+// A profile that cannot be used: not one, corrupt, or measured for another server. Nothing is served
+// from it: the server refuses to start (exit code 2, like a bad flag).
+struct ProfileError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// What a profile for a server of this model repository and configuration must match: the same keys
+// and values as the Python ONNX Runtime server's (cost_profile.identity), so either server loads a
+// profile the other wrote on the same machine.
+nlohmann::ordered_json Identity(const Config& cfg, const Manifest& m);
+
+struct Profile {
+  CostTable table;
+  int64_t model_workers = 1;  // the workers it was measured with
+};
+// The table in `path` and the model workers it was measured with, or ProfileError saying why a server
+// of `identity` cannot use it. model_workers 0 in `identity` (--model-workers auto) matches any count:
+// the server then runs the profile's.
+Profile Load(const std::string& path, const nlohmann::ordered_json& identity);
+// Writes the profile atomically (a crash leaves the old file or none, never half of one).
+void Save(const std::string& path, const CostTable& table, const nlohmann::ordered_json& identity, double seconds);
+
+// Scores one batch of B sequences of L tokens; returns its seconds.
+using TimeBatch = std::function<double(int64_t b, int64_t n)>;
+struct Measured {
+  CostTable table;
+  double seconds = 0;
+};
+// Times the grid's shapes, cheapest first, until `budget_s` is spent. Each shape runs twice and keeps
+// the faster (the first run of a shape pays allocation). Shapes left unmeasured are extrapolated in
+// proportion to tokens from the largest measured shape of their length (or of any length).
+Measured Measure(const TimeBatch& run, int64_t max_batch_size, int64_t max_length, double budget_s,
+                 const std::function<void(const std::string&)>& progress);
+
+// The table as text: milliseconds per sequence, batch sizes down, lengths across.
+std::string Describe(const CostTable& table);
+
+}  // namespace rmscore::cost_profile

@@ -1,0 +1,68 @@
+"""--cost-profile on a real server of each ONNX Runtime kind: measured once and saved, loaded on a
+restart without measuring again, and refused (the server does not start) when it was measured for
+another thread count or is corrupt. Small budgets keep it to seconds."""
+
+import json
+import subprocess
+
+import pytest
+
+import servers
+from rmscore_loadtest.caller import Caller
+
+KINDS = [k for k in ("py-grpc-onnxruntime", "cpp-grpc") if k in servers.available_kinds()]
+FLAGS = {"batching": "cost_aware", "cost_profile_seconds": 1}
+
+
+def refused(kind, **flags) -> str:
+    """The server's output when it refuses to start; fails the test if it started."""
+    cmd = servers.command(kind, port=0, metrics_port=0, **FLAGS, **flags)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=servers.ROOT)
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_profile_is_measured_saved_reused_and_refused_when_it_does_not_match(kind, tmp_path):
+    path = tmp_path / "cost.json"
+    server = servers.start(kind, cost_profile=path, **FLAGS)
+    try:
+        assert "cost profile saved" in server.log()
+        assert len(Caller.to(server).score_ids([[101, 2000, 102]] * 3).scores) == 3
+    finally:
+        server.stop()
+    doc = json.loads(path.read_text())
+    assert doc["identity"]["intra_op_threads"] == 1 and doc["identity"]["model_workers"] == 1
+    assert len(doc["table"]["cost_us"]) == len(doc["table"]["batch_sizes"])
+
+    again = servers.start(kind, cost_profile=path, **FLAGS)
+    try:
+        assert "cost profile saved" not in again.log() and "cost profile:" not in again.log()
+    finally:
+        again.stop()
+
+    out = refused(kind, cost_profile=path, intra_op_threads=2)
+    assert "measured for intra_op_threads=1, but this server runs intra_op_threads=2" in out
+    path.write_text(path.read_text()[:100])  # cut short: not JSON any more
+    assert "cannot read a cost profile" in refused(kind, cost_profile=path)
+
+
+def test_the_profile_command_measures_saves_shows_and_refuses(tmp_path):
+    import sys
+
+    path, png = tmp_path / "cost.json", tmp_path / "cost.png"
+
+    def profile(*extra):
+        cmd = [sys.executable, "-m", "rmscore.cli", "profile", "--model", str(servers.MODEL), "--intra-op-threads", "1",
+               "--max-batch-size", "8", "--cost-profile-seconds", "1", "--cost-profile", str(path), "--out", str(png),
+               *extra]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=servers.ROOT)
+
+    first = profile()
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "model ms per sequence" in first.stdout and "saved to" in first.stdout
+    assert png.stat().st_size > 10_000  # a drawn plot, not an empty canvas
+    again = profile()
+    assert again.returncode == 0 and f"loaded from {path}" in again.stdout
+    wrong = profile("--backend", "eager")
+    assert wrong.returncode == 2 and "measured for backend='onnxruntime'" in wrong.stderr

@@ -1,0 +1,38 @@
+"""`rmscore bench --scheduling`'s arithmetic, without servers: the in-process plans it times, and the
+ratios it reports (each server against the best plan of its own runtime in the same repetition)."""
+
+import pytest
+
+from rmscore_loadtest.bench import scheduling
+from rmscore_loadtest.bench.plans import plan
+
+
+def test_plans_are_arrival_order_for_one_and_sorted_cuts_otherwise():
+    lengths = [30, 10, 20, 40, 10]
+    assert plan(lengths, 1) == [[0], [1], [2], [3], [4]]
+    assert plan(lengths, 2) == [[1, 4], [2, 0], [3]]
+
+
+def _rep(rep, best, served):
+    loads = {f"c{c}": {"throughput_seq_s": served, "latency_ms": {"p50": 10.0 + rep, "p99": 100.0}, "errors": 0}
+             for c in scheduling.CONCURRENCY}
+    loads["rollout"] = {"throughput_seq_s": served, "makespan_s": 1.0, "errors": 0}
+    http = {k: dict(v, latency_ms={"p50": v["latency_ms"]["p50"] + 2, "p99": 100.0}) if k == "c1" else v
+            for k, v in loads.items()}
+    return {"rep": rep, "plans": {"onnxruntime": {"best_seq_s": best, "throughput_seq_s": {"1": best, "8": best / 2}}},
+            "servers": {"py-grpc-onnxruntime cost_aware:1": dict(loads, workers_line=""),
+                        "py-http-onnxruntime cost_aware:1": dict(http, workers_line="")}}
+
+
+def test_ratios_are_taken_within_each_repetition():
+    # The machine got twice as fast in rep 2: the ratio, taken per repetition, does not move.
+    reps = [_rep(0, 40.0, 38.0), _rep(1, 80.0, 76.0)]
+    sm = scheduling.summarise(reps, ["py-grpc-onnxruntime", "py-http-onnxruntime"], ["cost_aware:1"])
+    row = sm["rows"]["py-grpc-onnxruntime cost_aware:1 c64"]
+    assert row["ratio"]["mean"] == pytest.approx(0.95) and row["ratio"]["half_width"] == pytest.approx(0)
+    assert row["throughput"]["mean"] == pytest.approx(57.0)
+    assert row["p99_bound_ms"]["mean"] == pytest.approx(1.5 * 64 / 57.0 * 1e3, rel=0.2)
+    assert sm["http_excess_ms"]["cost_aware:1"]["mean"] == pytest.approx(2.0)
+    text = scheduling.markdown({"summary": sm, "when": "now", "repeats": 2, "window_s": 5, "threads": 2, "reps": reps,
+                                "kinds": ["py-grpc-onnxruntime", "py-http-onnxruntime"]})
+    assert "| py-grpc-onnxruntime | cost_aware:1 | c64 | 57.0 ± " in text
