@@ -125,6 +125,8 @@ class ScoringCore:
             if self.cfg.cost_profile is not None:
                 cost_profile.save(self.cfg.cost_profile, self.cost_table, self.cost_identity, spent)
                 runtimes.progress(f"cost profile saved to {self.cfg.cost_profile}")
+        else:
+            runtimes.progress(f"cost profile loaded from {self.cfg.cost_profile}")
         runtimes.progress(cost_profile.describe(self.cost_table))
         return CostModel(self.cost_table)
 
