@@ -63,6 +63,9 @@ def add_parsers(sub) -> None:
                    "(or overhead.md from an overhead.json)")
     p.add_argument("--overhead", action="store_true",
                    help="the C++ serving-overhead study (docs/cpp_bench.md); kinds from cpp-grpc, py-grpc-onnxruntime")
+    p.add_argument("--precision", action="store_true",
+                   help="each graph precision of --model beside fp32: throughput ratio with intervals and the "
+                        "manifest's ranking figures, OUT/precision.md and OUT/precision.png (docs/precision.md)")
     p.set_defaults(func=main)
 
 
@@ -149,6 +152,11 @@ def main_overhead(args, settings) -> int:
 def main(args) -> int:
     if args.report_only:
         return report_only(args.report_only)
+    if args.precision:
+        from rmscore_loadtest.bench import precision
+
+        return precision.main(args.model, args.out, args.repeats or 5, args.intra_op_threads or 2,
+                              args.rollout_size or 128)
     settings = settings_from(args)
     if args.overhead:
         return main_overhead(args, settings)

@@ -10,6 +10,7 @@ the largest absolute score difference. Below the gate, export writes nothing.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import pathlib
@@ -225,13 +226,23 @@ def _scores_alone(sess, seqs: list[list[int]], pad_id: int) -> np.ndarray:
     return np.array([ort_scores(sess, [s], pad_id)[0] for s in seqs], dtype=np.float64)
 
 
+@functools.lru_cache(maxsize=4)
+def _reference(fp32: str, _mtime_ns: int, held: tuple, pad: int) -> np.ndarray:
+    """fp32 held-out scores, kept while the graph file is unchanged: gating several candidates
+    against one repository scores fp32 once."""
+    from rmscore.model.export import ort_session
+
+    return _scores_alone(ort_session(pathlib.Path(fp32)), [list(s) for s in held], pad)
+
+
 def gate_graph(repo: pathlib.Path, manifest: dict, graph: pathlib.Path, what: str, gate: Gate) -> dict:
     """The held-out figures of `graph` against the repository's fp32 graph; GateError below the gate."""
     from rmscore.model.export import ort_session
 
     held, pairs = heldout_sequences(repo / manifest["tokenizer"]["file"], int(manifest["max_sequence_length"]))
     pad = int(manifest["pad_token_id"])
-    ref = _scores_alone(ort_session(repo / manifest["graphs"]["fp32"]), held, pad)
+    fp32 = repo / manifest["graphs"]["fp32"]
+    ref = _reference(str(fp32), fp32.stat().st_mtime_ns, tuple(map(tuple, held)), pad)
     fig = {**ranking_figures(ref, _scores_alone(ort_session(graph), held, pad), pairs), "gate": gate.as_dict()}
     print(f"      {what}: {describe(fig)}", flush=True)
     gate.check(f"{what} against fp32 on the held-out pairs:", fig)
