@@ -70,6 +70,12 @@ Manifest LoadManifest(const std::string& model_dir) {
   if (j.contains("parity") && j["parity"].contains("int8") && j["parity"]["int8"].contains("self_check_tolerance")) {
     m.int8_self_check_tolerance = Get<double>(j["parity"]["int8"], "self_check_tolerance", path + " parity.int8");
   }
+  if (j.contains("parity") && j["parity"].contains("int8") && j["parity"]["int8"].contains("ranking")) {
+    const json& r = j["parity"]["int8"]["ranking"];
+    const std::string where = path + " parity.int8.ranking";
+    m.int8_ranking = {Get<double>(r, "spearman", where), Get<double>(r, "pairwise_order_agreement", where),
+                      Get<double>(r, "max_abs_diff", where)};
+  }
   if (m.inputs != std::vector<std::string>{"input_ids", "attention_mask"}) {
     throw std::runtime_error(path + ": inputs must be [\"input_ids\", \"attention_mask\"]");
   }
@@ -86,6 +92,10 @@ std::string Manifest::GraphPath(Precision p) const {
     return dir + "/" + graph_int8;
   }
   return dir + "/" + graph_fp32;
+}
+
+Manifest::Ranking Manifest::RankingFor(Precision p) const {
+  return p == Precision::kInt8 ? int8_ranking : Ranking{1, 1, 0};
 }
 
 std::string Manifest::TokenizerPath() const { return dir + "/" + tokenizer_file; }

@@ -27,6 +27,14 @@ struct Manifest {
   // negative when the manifest predates them.
   std::vector<float> golden_scores_int8;
   double int8_self_check_tolerance = -1;
+  // How a precision ranks against fp32 on the exporter's held-out pairs
+  // (`parity.PRECISION.ranking`); zeros when the manifest has no figures.
+  struct Ranking {
+    double spearman = 0, pairwise_agreement = 0, max_abs_diff = 0;
+  };
+  Ranking int8_ranking;
+  // fp32 is its own reference: 1, 1, 0 (the Python servers say the same).
+  Ranking RankingFor(Precision p) const;
 
   std::string GraphPath(Precision p) const;
   std::string TokenizerPath() const;

@@ -247,6 +247,11 @@ grpc::ServerUnaryReactor* RewardModelService::GetModelInfo(grpc::CallbackServerC
   info->set_server("cpp-grpc");
   info->set_backend("onnxruntime");
   info->set_device(ToString(cfg_.device));
+  info->set_precision(ToString(cfg_.precision));
+  const Manifest::Ranking r = manifest_.RankingFor(cfg_.precision);
+  info->set_ranking_spearman(r.spearman);
+  info->set_ranking_pairwise_agreement(r.pairwise_agreement);
+  info->set_ranking_max_abs_diff(r.max_abs_diff);
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

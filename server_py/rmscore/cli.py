@@ -16,7 +16,16 @@ def _export_parser(sub) -> None:
     p.add_argument("--model", help="local Hugging Face checkpoint directory (default: the embedded MiniLM reward model)")
     p.add_argument("--name", default="default", help="repository name: writes OUTPUT/NAME (default: %(default)s)")
     p.add_argument("--output", default="models", help="models root directory (default: %(default)s)")
-    p.add_argument("--int8", action="store_true", help="also write a dynamically quantized int8 graph")
+    from rmscore.model import precision
+
+    p.add_argument("--int8", action="store_true",
+                   help="also write an int8 graph, if it passes the ranking gate (docs/precision.md)")
+    p.add_argument("--int8-recipe", choices=precision.INT8_RECIPES, default=precision.DEFAULT_INT8_RECIPE,
+                   help="how to quantize (default: %(default)s)")
+    p.add_argument("--gate-spearman", type=float, default=precision.DEFAULT_MIN_SPEARMAN,
+                   help="least Spearman vs fp32 on the held-out pairs (default: %(default)s)")
+    p.add_argument("--gate-pairwise", type=float, default=precision.DEFAULT_MIN_PAIRWISE,
+                   help="least pairwise order agreement vs fp32 (default: %(default)s)")
 
 
 def build_parser() -> argparse.ArgumentParser:

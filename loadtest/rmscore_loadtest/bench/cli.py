@@ -69,6 +69,9 @@ def add_parsers(sub) -> None:
                         "(bench/scheduling.py)")
     p.add_argument("--configs", type=comma_list(),
                    help="--scheduling: POLICY:WORKERS configurations (default: length_aware:1,cost_aware:1,cost_aware:auto)")
+    p.add_argument("--precision", action="store_true",
+                   help="each graph precision of --model beside fp32: throughput ratio with intervals and the "
+                        "manifest's ranking figures, OUT/precision.md and OUT/precision.png (docs/precision.md)")
     p.set_defaults(func=main)
 
 
@@ -169,6 +172,11 @@ def main_scheduling(args, settings) -> int:
 def main(args) -> int:
     if args.report_only:
         return report_only(args.report_only)
+    if args.precision:
+        from rmscore_loadtest.bench import precision
+
+        return precision.main(args.model, args.out, args.repeats or 5, args.intra_op_threads or 2,
+                              args.rollout_size or 128)
     settings = settings_from(args)
     if args.overhead:
         return main_overhead(args, settings)

@@ -15,8 +15,37 @@ from rmscore.core.planner import MODES, PlannerConfig
 TRANSPORTS = ("grpc", "http")
 BACKENDS = ("eager", "compile", "onnxruntime")
 GRAPH_LEVELS = ("disable", "basic", "extended", "all")
-# fp32 everywhere; int8: ONNX Runtime's quantized graph; bf16/fp16: PyTorch autocast.
+# ---- precision (docs/precision.md) ----
+# fp32 everywhere; int8: ONNX Runtime's quantized graph; bf16/fp16: PyTorch autocast, or for
+# ONNX Runtime on --device cuda an fp16 graph.
 PRECISIONS = ("fp32", "int8", "bf16", "fp16")
+CPUINFO = pathlib.Path("/proc/cpuinfo")
+#: The CPU flags (any one) under which a 16-bit float runs natively; without them torch emulates
+#: it, slower than fp32.
+CPU_FLAGS_FOR = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}
+
+
+def cpu_flags() -> set[str]:
+    text = (_read(CPUINFO) or b"").decode(errors="replace")
+    return {f for line in text.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()}
+
+
+def precision_problem(precision: str, backend: str, device: str) -> str | None:
+    """Why this precision cannot run here, or None: checked at start, before any model loads."""
+    if precision not in PRECISIONS:
+        return f"must be one of {PRECISIONS}"
+    if precision == "int8" and backend != "onnxruntime":
+        return "int8 needs --backend onnxruntime"
+    if backend == "onnxruntime" and (precision == "bf16" or precision == "fp16" and device != "cuda"):
+        return ("bf16/fp16 autocast needs --backend eager or compile (ONNX Runtime runs fp16 only as a GPU graph, "
+                "with --device cuda)")
+    if backend != "onnxruntime" and device == "cpu" and precision in CPU_FLAGS_FOR:
+        need = CPU_FLAGS_FOR[precision]
+        if not set(need) & cpu_flags():
+            return (f"{precision} on --device cpu needs {' or '.join(need)} among the CPU flags in {CPUINFO}, and "
+                    f"this CPU has none: torch would emulate {precision}, slower than fp32")
+    return None
+# ---- end precision ----
 
 
 class ConfigError(ValueError):
@@ -138,12 +167,9 @@ class ServeConfig:
         check(self.batching in MODES, "batching", f"must be one of {MODES}", self.batching)
         check(self.graph_optimization_level in GRAPH_LEVELS, "graph-optimization-level",
               f"must be one of {GRAPH_LEVELS}", self.graph_optimization_level)
-        check(self.precision in PRECISIONS, "precision", f"must be one of {PRECISIONS}", self.precision)
-        check(self.precision != "int8" or self.backend == "onnxruntime", "precision",
-              "int8 needs --backend onnxruntime", self.precision)
-        check(self.precision not in ("bf16", "fp16") or self.backend != "onnxruntime", "precision",
-              "bf16/fp16 autocast needs --backend eager or compile", self.precision)
         check(self.device in ("cpu", "cuda"), "device", "must be cpu or cuda", self.device)
+        problem = precision_problem(self.precision, self.backend, self.device)
+        check(problem is None, "precision", problem, self.precision)
         for flag, value in (("port", self.port), ("metrics-port", self.metrics_port)):
             check(0 <= value <= 65535, flag, "must be a port number 0..65535 (0: ephemeral)", value)
         for flag, value in (("max-batch-size", self.max_batch_size), ("max-batch-tokens", self.max_batch_tokens),

@@ -15,4 +15,14 @@ def model_info(core: ScoringCore) -> dict:
             "pad_token_id": m["pad_token_id"], "vocab_size": m["vocab_size"],
             "max_sequences_per_request": core.cfg.max_sequences_per_request,
             "text_format": m["tokenizer"]["text_format"], "accepts_text": True,
-            "server": core.cfg.server_kind, "backend": core.cfg.backend, "device": core.cfg.device}
+            "server": core.cfg.server_kind, "backend": core.cfg.backend, "device": core.cfg.device,
+            "precision": core.cfg.precision, **ranking(m, core.cfg.precision)}
+
+
+def ranking(manifest: dict, precision: str) -> dict:
+    """The exporter's held-out ranking figures for `precision` (parity.PRECISION.ranking)."""
+    if precision == "fp32":
+        return {"ranking_spearman": 1.0, "ranking_pairwise_agreement": 1.0, "ranking_max_abs_diff": 0.0}
+    r = manifest["parity"].get(precision, {}).get("ranking", {})
+    return {"ranking_spearman": r.get("spearman", 0.0), "ranking_pairwise_agreement":
+            r.get("pairwise_order_agreement", 0.0), "ranking_max_abs_diff": r.get("max_abs_diff", 0.0)}

@@ -14,17 +14,17 @@ import random
 import shutil
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from rmscore.model import default_model
+from rmscore.model import default_model, precision
 from rmscore.model.repository import FORMAT_VERSION, MANIFEST
 from rmscore.model.modeling import ModelLoadError, ModelSpec, RewardModule, inspect_checkpoint, load_hf_model, pad_batch
 
 OPSET = 17
 FP32_TOLERANCE = 1e-5
-INT8_SELF_CHECK_TOLERANCE = 1e-3
 GOLDEN_RANDOM_LENGTHS = (1, 2, 3, 17, 64, 128, 255, 511)
 
 
@@ -170,18 +170,6 @@ def fuse_encoder(path: pathlib.Path, spec: ModelSpec) -> bool:
     return True
 
 
-def int8_accuracy(golden: list[float], q: list[float]) -> dict:
-    from scipy.stats import spearmanr
-
-    g, qa = np.asarray(golden), np.asarray(q)
-    pairs = [(i, j) for i in range(len(g)) for j in range(i + 1, len(g))]
-    agree = sum(np.sign(g[i] - g[j]) == np.sign(qa[i] - qa[j]) for i, j in pairs)
-    return {"max_abs_diff": float(np.abs(g - qa).max()),
-            "max_abs_diff_in_reward_std": float(np.abs(g - qa).max() / g.std()),
-            "spearman": float(spearmanr(g, qa).statistic),
-            "pairwise_order_agreement": float(agree / len(pairs))}
-
-
 def _checked_output(models_root: pathlib.Path, name: str) -> pathlib.Path:
     if not name or "/" in name or name.startswith("."):
         raise ExportError(f"--name: {name!r} is not a plain directory name")
@@ -203,14 +191,29 @@ def _publish(tmp: pathlib.Path, final: pathlib.Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def export(model_dir: str | None, name: str, models_root: str = "models", int8: bool = False) -> pathlib.Path:
-    steps = Steps(6 + int8)
+@dataclass(frozen=True)
+class Reduced:
+    """Which reduced-precision graphs to write beside fp32, and the gate each must pass."""
+    int8: bool = False
+    int8_recipe: str = precision.DEFAULT_INT8_RECIPE
+    gate: precision.Gate = precision.Gate()
+
+    def __post_init__(self) -> None:
+        if self.int8_recipe not in precision.INT8_RECIPES:
+            raise ExportError(f"--int8-recipe: must be one of {precision.INT8_RECIPES}, got {self.int8_recipe!r}")
+
+
+def export(model_dir: str | None, name: str, models_root: str = "models", reduced: Reduced = Reduced()) -> pathlib.Path:
+    steps = Steps(6 + reduced.int8)
     root = pathlib.Path(models_root)
     tmp = _checked_output(root, name)
     try:
-        manifest = _export_into(tmp, model_dir, name, int8, steps)
+        manifest = _export_into(tmp, model_dir, name, steps)
         manifest["export_seconds"] = round(steps.elapsed(), 1)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        if reduced.int8:
+            with steps.step(f"quantizing to int8 ({reduced.int8_recipe}); the ranking gate"):
+                precision.add_int8(tmp, reduced.int8_recipe, reduced.gate)
         _publish(tmp, root / name)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -221,7 +224,7 @@ def export(model_dir: str | None, name: str, models_root: str = "models", int8: 
     return root / name
 
 
-def _export_into(out: pathlib.Path, model_dir: str | None, name: str, int8: bool, steps: Steps) -> dict:
+def _export_into(out: pathlib.Path, model_dir: str | None, name: str, steps: Steps) -> dict:
     import onnxruntime as ort
 
     hf_out = out / "hf"
@@ -261,22 +264,7 @@ def _export_into(out: pathlib.Path, model_dir: str | None, name: str, int8: bool
                               f"{fp32['max_abs_diff'] / FP32_TOLERANCE:.1f}x the tolerance {FP32_TOLERANCE:.0e}; "
                               "nothing was written")
     graphs = {"fp32": "model.onnx"}
-    golden_int8 = None
     report = {"fp32": _strip(fp32)}
-    if int8:
-        with steps.step("quantizing to int8 (dynamic)"):
-            from onnxruntime.quantization import QuantType, quantize_dynamic
-
-            quantize_dynamic(str(out / "model.onnx"), str(out / "model.int8.onnx"), weight_type=QuantType.QInt8,
-                             extra_options={"DefaultTensorType": 1})  # 1 = FLOAT: fused ops defeat shape inference
-            q = parity(ort_session(out / "model.int8.onnx"), seqs, golden, spec.pad_token_id)
-            # Quantization error is the model's, not the runtime's: servers self-check int8
-            # against these int8 scores (INT8_SELF_CHECK_TOLERANCE), not against fp32.
-            report["int8"] = {**_strip(q), **int8_accuracy(golden, q["alone"]),
-                              "self_check_tolerance": INT8_SELF_CHECK_TOLERANCE}
-            golden_int8 = q["alone"]
-            graphs["int8"] = "model.int8.onnx"
-            print(f"      int8 max abs diff {q['max_abs_diff']:.2e}, spearman {report['int8']['spearman']:.4f}")
     with steps.step("writing the manifest"):
         version = "sha256:" + hashlib.sha256((out / "model.onnx").read_bytes()).hexdigest()[:16]
         return {
@@ -287,8 +275,7 @@ def _export_into(out: pathlib.Path, model_dir: str | None, name: str, int8: bool
             "opset": OPSET, "onnxruntime_version": ort.__version__, "torch_version": torch.__version__,
             "fused": fused, "graphs": graphs,
             "tokenizer": {"file": "tokenizer.json", "text_format": "pair"},
-            "golden": [{"input_ids": s, "score": g, **({"score_int8": golden_int8[i]} if golden_int8 else {})}
-                       for i, (s, g) in enumerate(zip(seqs, golden))],
+            "golden": [{"input_ids": s, "score": g} for s, g in zip(seqs, golden)],
             "parity": report, "head": head,
         }
 
@@ -310,8 +297,12 @@ def _strip(p: dict) -> dict:
 
 def main(args) -> int:
     try:
-        export(args.model, args.name, args.output, args.int8)
-    except (ModelLoadError, ExportError) as e:
+        gate = precision.Gate(args.gate_spearman, args.gate_pairwise)
+        export(args.model, args.name, args.output, Reduced(args.int8, args.int8_recipe, gate))
+    except ValueError as e:  # Gate's own validation
+        print(f"rmscore export: error: {e}", flush=True)
+        return 2
+    except (ModelLoadError, ExportError, precision.GateError) as e:
         print(f"rmscore export: error: {e}", flush=True)
         return 2
     return 0
