@@ -52,7 +52,7 @@ def test_ping_flood_gets_goaway_and_streams_are_bounded(running):
 
 def test_flooding_stream_leaves_room_for_other_callers(running):
     fig = transport.stream_flood(kind(running, GRPC), items=200_000, seconds=6.0)
-    assert fig["answered"] > 0 and fig["end"] == "DEADLINE_EXCEEDED", fig
+    assert fig["stream_answers"] > 0 and fig["stream_end"] == "DEADLINE_EXCEEDED", fig
     # Before the per-stream bound: 41 of 43 probes failed, 23 by timing out (issue 20).
     assert fig["probes"] >= 5 and fig["failed"] == 0, fig
 
@@ -82,11 +82,12 @@ def test_bodies_past_the_budget_are_refused_at_once(running):
     assert transport._probe_score(transport.caller.Caller.to(server), transport.PROBE_IDS, 10)[0] == "OK"
 
 
-def test_stalled_bodies_leave_no_memory_behind(running):
-    for name in (GRPC, HTTP):
-        if name in running:
-            fig = transport.stalled_bodies(running[name], connections=8, body_bytes=1 * MiB, hold_s=2.5)
-            assert fig["rss_after_pct"] < 10 and fig["failed"] == 0, f"{name}: {fig}"
+@pytest.mark.parametrize("name", [GRPC, HTTP])
+def test_stalled_bodies_leave_no_memory_behind(running, name):
+    # 128 MiB offered, ~13 % of a Python server's RSS. Before: held after the clients went (40 x 15 MiB:
+    # +64 % on py-grpc, glibc kept the freed heap; +12 % on HTTP, a reference cycle kept the bodies).
+    fig = transport.stalled_bodies(kind(running, name), connections=32, body_bytes=4 * MiB, hold_s=2, settle_s=4)
+    assert fig["rss_after_pct"] < 3 and fig["failed"] == 0, f"{name}: {fig}"
 
 
 def test_content_length_with_transfer_encoding_is_refused_and_closed(running):

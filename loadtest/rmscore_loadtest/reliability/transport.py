@@ -225,6 +225,23 @@ def _stall_grpc(port: int, body_bytes: int, timeout_s: float) -> socket.socket:
     return s
 
 
+def _answered(s: socket.socket, transport: str) -> bool:
+    """Whether the server answered a stalled request: any HTTP response; on gRPC, a HEADERS or
+    RST_STREAM frame (SETTINGS, PING and WINDOW_UPDATE are the connection's own business)."""
+    s.settimeout(0.2)
+    try:
+        data = s.recv(1 << 16)
+    except OSError:
+        return False
+    if transport != "grpc":
+        return bool(data)
+    while len(data) >= 9:  # _stall_grpc consumed whole frames, so this starts at a frame boundary
+        if data[3] in (1, 3):
+            return True
+        data = data[9 + int.from_bytes(data[:3], "big"):]
+    return False
+
+
 def _settled_rss(pid: int, seconds: float) -> float:
     """The lowest RSS seen over `seconds` (the server may still be freeing what the attack left)."""
     end, low = time.monotonic() + seconds, rss_mb(pid)
@@ -252,11 +269,7 @@ def stalled_bodies(server, *, connections: int = 8, body_bytes: int = 4 << 20, h
         held = rss_mb(pid)
         time.sleep(hold_s)
         for s in socks:
-            s.settimeout(0.2)
-            try:
-                answered += bool(s.recv(1 << 16))
-            except OSError:
-                pass
+            answered += _answered(s, server.transport)
             s.close()
     after = _settled_rss(pid, settle_s)
     return {"connections": connections, "body_bytes": body_bytes, "rss_before_mb": before,
@@ -298,12 +311,12 @@ def _flood(server, items: int, seconds: float, out: dict) -> None:
         call = reward_pb2_grpc.RewardModelStub(ch).ScoreStream((item for _ in range(items)), timeout=seconds)
         try:
             for r in call:
-                out["answered"] += 1
-                out["item_errors"] += r.HasField("error")
+                out["stream_answers"] += 1
+                out["stream_errors"] += r.HasField("error")
         except grpc.RpcError as e:
-            out["end"] = e.code().name
+            out["stream_end"] = e.code().name
         else:
-            out["end"] = "OK"
+            out["stream_end"] = "OK"
 
 
 def stream_flood(server, *, items: int = 200_000, seconds: float = 6.0, probe_interval_s: float = 0.5) -> dict:
@@ -311,7 +324,7 @@ def stream_flood(server, *, items: int = 200_000, seconds: float = 6.0, probe_in
     come) for at most `seconds`, and the probes meanwhile. On HTTP there are no streams: not run."""
     if server.transport != "grpc":
         return {"not_run": "no streams on HTTP"}
-    out = {"items": items, "answered": 0, "item_errors": 0, "end": None}
+    out = {"items": items, "stream_answers": 0, "stream_errors": 0, "stream_end": None}
     flood = threading.Thread(target=_flood, args=(server, items, seconds, out), daemon=True)
     flood.start()
     time.sleep(0.5)  # the stream is at full speed before the first probe

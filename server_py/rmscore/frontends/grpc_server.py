@@ -18,6 +18,7 @@ from rmscore.core.validation import SeqInput
 from rmscore.core.scoring import SERVING, ScoringCore, write_port_file
 from rmscore.frontends.drain import Drain
 from rmscore.frontends import reflection_v1
+from rmscore.frontends.memory import start_trimming
 from rmscore.frontends.model_info import model_info
 
 SERVICE = reward_pb2.DESCRIPTOR.services_by_name["RewardModel"].full_name
@@ -227,6 +228,7 @@ async def serve(cfg: ServeConfig) -> int:
         return 1
     metrics_server, _ = start_http_server(cfg.metrics_port, addr=cfg.host, registry=core.metrics.registry)
     await server.start()
+    start_trimming()  # freed request buffers go back to the system (frontends/memory.py)
 
     loop = asyncio.get_running_loop()
     failed = asyncio.Event()
