@@ -59,12 +59,12 @@ def test_flooding_stream_leaves_room_for_other_callers(running):
 
 def test_stalled_body_times_out_with_408_and_closes(running):
     server = kind(running, HTTP)
+    t0 = time.perf_counter()  # before the headers go: the server's clock starts after this
     s = transport._stall_http(server.port, 1 * MiB, timeout_s=10)
-    t0 = time.perf_counter()
     answer = _read_all(s, 10)
     took = time.perf_counter() - t0
     assert answer.startswith(b"HTTP/1.1 408 ") and b"body_timeout_seconds" in answer, answer[:300]
-    assert 1.0 < took < 5.0, took  # body_timeout_seconds is 2; before it: no answer at all
+    assert 1.9 < took < 8.0, took  # body_timeout_seconds is 2; before it: no answer at all
 
 
 def test_bodies_past_the_budget_are_refused_at_once(running):
