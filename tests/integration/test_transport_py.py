@@ -54,7 +54,7 @@ def test_flooding_stream_leaves_room_for_other_callers(running):
     fig = transport.stream_flood(kind(running, GRPC), items=200_000, seconds=6.0)
     assert fig["stream_answers"] > 0 and fig["stream_end"] == "DEADLINE_EXCEEDED", fig
     # Before the per-stream bound: 41 of 43 probes failed, 23 by timing out (issue 20).
-    assert fig["probes"] >= 5 and fig["failed"] == 0, fig
+    assert fig["probes"] >= 3 and fig["failed"] == 0, fig
 
 
 def test_stalled_body_times_out_with_408_and_closes(running):
