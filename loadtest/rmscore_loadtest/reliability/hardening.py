@@ -43,6 +43,12 @@ def add_parsers(sub) -> None:
     p.add_argument("--cancel-rounds", type=int, default=8)
     p.add_argument("--kill-sequences", type=int, default=256, help="rollout size of the kill/restart run")
     p.add_argument("--no-hostile", action="store_true", help="skip the hostile-input corpus")
+    p.add_argument("--stall-connections", type=int, default=40, help="stalled-body clients (default: %(default)s)")
+    p.add_argument("--stall-mib", type=float, default=15.0, help="each one's body, MiB (default: %(default)s)")
+    p.add_argument("--flood-items", type=int, default=200_000, help="items of the flooding ScoreStream")
+    p.add_argument("--pings", type=int, default=200_000, help="PING frames of the HTTP/2 ping flood")
+    p.add_argument("--no-transport", action="store_true", help="skip the transport attacks")
+    p.add_argument("--only-transport", action="store_true", help="run the transport attacks alone")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--report-only", metavar="RESULTS_JSON", help="rewrite report, plots and doc from a results.json")
     p.set_defaults(func=main)
@@ -78,11 +84,18 @@ def run_kind(kind: str, args, log: _Log) -> dict:
         log(f"{kind}: did not start: {e!s:.300}")
         return {**rec, "error": f"did not start: {e!s:.2000}"}
     rec["start_s"] = time.perf_counter() - t
+    if getattr(args, "only_transport", False):
+        try:
+            rec["transport"] = _transport(server, args, log)
+        finally:
+            server.stop(30)
+        return rec
     try:
         rec["overload"] = _scenario(log, kind, "overload", lambda: faults.overload(
             server, seconds=args.overload_seconds, factor=args.overload_factor))
         rec["cancel"] = _scenario(log, kind, "cancel", lambda: faults.cancel(server, rounds=args.cancel_rounds))
         rec["hostile"] = _hostile(server, args, log)
+        rec["transport"] = _transport(server, args, log)
 
         shown = [0.0]
 
@@ -122,6 +135,23 @@ def _hostile(server, args, log: _Log) -> dict:
                     lambda: run_corpus(server.kind, "127.0.0.1", server.port, server.transport))
     fig.pop("results", None)  # per-case detail: docs/fuzzing.md's business, not this table's
     return fig
+
+
+def _transport(server, args, log: _Log) -> dict:
+    """The transport attacks of issue 20 (rmscore_loadtest.reliability.transport), one after another."""
+    if getattr(args, "no_transport", False):
+        return {"not_run": "--no-transport"}
+    from rmscore_loadtest.reliability import transport
+
+    def run() -> dict:
+        fig = {"stalled": transport.stalled_bodies(server, connections=args.stall_connections,
+                                                   body_bytes=int(args.stall_mib * (1 << 20))),
+               "flood": transport.stream_flood(server, items=args.flood_items),
+               "framing": transport.framing(server)}
+        if server.transport == "grpc":
+            fig["pings"] = transport.ping_flood(server, pings=args.pings)
+        return fig
+    return _scenario(log, server.kind, "transport attacks", run)
 
 
 def main(args) -> int:
@@ -200,6 +230,8 @@ def markdown(record: dict) -> str:
              f"--cancel-rounds {st.get('cancel_rounds')} --kill-sequences {st.get('kill_sequences')}`.", ""]
 
     def table(title, scenario, header, row):
+        if st.get("only_transport") and scenario != "transport":
+            return  # --only-transport: no tables of "not run" rows
         lines.extend([f"**{title}**", "", "| kind | " + " | ".join(header) + " |",
                       "|---" * (len(header) + 1) + "|"])
         for rec in record["kinds"]:
@@ -244,8 +276,43 @@ def markdown(record: dict) -> str:
           lambda h: [_f(h["inputs_tried"]), ", ".join(f"{k} {v}" for k, v in sorted(h["outcomes"].items())),
                      _f(len(h["unexpected"])), f"{h['good_between_correct']}/{h['good_between']}",
                      _f(h["server_alive"]), _f(h["max_error_ms"], 1)])
-    lines.append("Plots: [soak RSS](hardening/soak_rss.png), [time to refuse](hardening/refuse_ms.png).")
+    _transport_tables(record, table)
+    if any("soak" in rec for rec in record["kinds"]):
+        lines.append("Plots: [soak RSS](hardening/soak_rss.png), [time to refuse](hardening/refuse_ms.png).")
     return "\n".join(lines) + "\n"
+
+
+def _yes(x) -> str:
+    """yes/no without _f's bold "no": here "no" can be the good answer."""
+    return "n/a" if x is None else ("yes" if x else "no")
+
+
+def _transport_tables(record: dict, table) -> None:
+    st = record["settings"]
+    if st.get("no_transport") or not any("transport" in r for r in record["kinds"]):
+        return
+    probes = ["probes", "answered", "refused < 100 ms", "failed"]
+
+    def probe_cells(f):
+        return [_f(f["probes"]), _f(f["answered"]), _f(f["refused_fast"]), _f(f["failed"])]
+    table(f"Stalled bodies: {st.get('stall_connections')} clients each send all but the last byte of a "
+          f"{st.get('stall_mib'):g} MiB body and stop; RSS after = lowest in 3 s after they went", "transport",
+          ["RSS before MiB", "with them MiB", "after MiB", "after vs before", "answered while stalled", *probes],
+          lambda t: [_f(t["stalled"]["rss_before_mb"]), _f(t["stalled"]["rss_held_mb"]),
+                     _f(t["stalled"]["rss_after_mb"]), _f(t["stalled"]["rss_after_pct"], 1, " %"),
+                     _f(t["stalled"]["answered_while_stalled"]), *probe_cells(t["stalled"])])
+    table(f"One ScoreStream sending {st.get('flood_items'):,} items as fast as it may, probes meanwhile",
+          "transport", ["stream answers (errors)", "stream end", *probes, "slowest probe ms"],
+          lambda t: ["not run (HTTP)"] + [""] * 6 if "not_run" in t["flood"] else
+          [f"{t['flood']['stream_answers']:,} ({t['flood']['stream_errors']:,})", t["flood"]["stream_end"],
+           *probe_cells(t["flood"]), _f(t["flood"]["probe_max_ms"])])
+    table(f"HTTP/2 PING flood ({st.get('pings'):,} PINGs, no call open) and framing", "transport",
+          ["pings written", "server CPU s", "GOAWAY", "HTTP CL+TE status", "closed", "2nd request served",
+           "malformed grpc-timeout"],
+          lambda t: [_f(t.get("pings", {}).get("pings_written")), _f(t.get("pings", {}).get("server_cpu_s"), 2),
+                     _f(t.get("pings", {}).get("goaway_code")), _f(t["framing"].get("cl_te_status")),
+                     _yes(t["framing"].get("cl_te_closed")), _yes(t["framing"].get("cl_te_second_request_served")),
+                     _f(t["framing"].get("malformed_grpc_timeout_status"))])
 
 
 def rss_plot(soaks: list[tuple[str, dict]], path: pathlib.Path, title: str, minutes: bool = False) -> None:
@@ -304,7 +371,8 @@ def plots(record: dict, out: pathlib.Path) -> list[pathlib.Path]:
 def write_outputs(record: dict, out: pathlib.Path, doc: pathlib.Path | None) -> None:
     table = markdown(record)
     (out / "report.md").write_text("# rmscore hardening report\n\n" + table)
-    plots(record, out)
+    if not record["settings"].get("only_transport"):  # the plots are of overload and soak
+        plots(record, out)
     if doc is None:
         return
     section = f"{BEGIN}\n<!-- written by `rmscore hardening`; edits here are overwritten -->\n\n{table}\n{END}"

@@ -156,6 +156,17 @@ class ServeConfig:
             check(False, "chat-template", f"not a usable chat template ({e})", self.chat_template)
         object.__setattr__(self, "chat_template_compiled", compiled)
     # ---- end of framework text ----
+    # Transport limits (issue 20; same flags in the C++ server).
+    #: HTTP/2 streams one connection may have open at once (gRPC's max_concurrent_streams).
+    max_concurrent_streams: int = 100
+    #: ScoreStream items of one stream being scored or answered but unsent; at the bound the server
+    #: stops reading that stream, so flow control holds its client back instead of the shared queue.
+    max_stream_items_in_flight: int = 32
+    #: HTTP: a request body not received whole within this is answered 408 and its connection closed.
+    body_timeout_seconds: float = 30.0
+    #: HTTP: bytes of request bodies being received, summed over all connections; a body that would
+    #: pass it is refused 413 RESOURCE_EXHAUSTED. At least --max-request-bytes.
+    max_buffered_request_bytes: int = 128 * 1024 * 1024
 
     def __post_init__(self) -> None:
         def check(ok: bool, flag: str, rule: str, value) -> None:
@@ -195,10 +206,20 @@ class ServeConfig:
               f"must be >= 0 and <= {MAX_CHANNEL_SECONDS}", self.max_connection_age_grace_seconds)
         check(self.max_sequences_per_request <= self.max_queue_sequences, "max-sequences-per-request",
               f"must be <= --max-queue-sequences ({self.max_queue_sequences})", self.max_sequences_per_request)
+        self._check_transport_limits(check)
         self._check_access(check)
         check((self.model / "manifest.json").is_file(), "model",
               "must be a model repository with manifest.json (create one with `rmscore export`)", str(self.model))
         self._check_text(check)
+
+    def _check_transport_limits(self, check) -> None:
+        for flag, value in (("max-concurrent-streams", self.max_concurrent_streams),
+                            ("max-stream-items-in-flight", self.max_stream_items_in_flight)):
+            check(value >= 1, flag, "must be >= 1", value)
+        check(0 < self.body_timeout_seconds <= MAX_CHANNEL_SECONDS, "body-timeout-seconds",
+              f"must be > 0 and <= {MAX_CHANNEL_SECONDS}", self.body_timeout_seconds)
+        check(self.max_buffered_request_bytes >= self.max_request_bytes, "max-buffered-request-bytes",
+              f"must be >= --max-request-bytes ({self.max_request_bytes})", self.max_buffered_request_bytes)
 
     def _check_access(self, check) -> None:
         """Same rules and messages as the C++ server (server_cpp/src/config.cc)."""
@@ -255,10 +276,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port-file", default=None, help="write {port, metrics_port} JSON here once bound")
     for name in ("metrics_port", "max_batch_size", "max_batch_tokens", "max_queue_sequences",
                  "max_sequences_per_request", "max_request_bytes", "intra_op_threads", "inter_op_threads",
-                 "warmup_rounds"):
+                 "warmup_rounds", "max_concurrent_streams", "max_stream_items_in_flight",
+                 "max_buffered_request_bytes"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=d[name].default, help="(default: %(default)s)")
     for name in ("max_queue_delay_ms", "drain_grace_seconds", "max_connection_age_seconds",
-                 "max_connection_age_grace_seconds", "cost_profile_seconds"):
+                 "max_connection_age_grace_seconds", "cost_profile_seconds", "body_timeout_seconds"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=d[name].default, help="(default: %(default)s)")
     for name in ("batching", "graph_optimization_level", "precision", "device"):
         p.add_argument("--" + name.replace("_", "-"), default=d[name].default, help="(default: %(default)s)")
@@ -300,7 +322,9 @@ def from_args(a: argparse.Namespace) -> ServeConfig:
         auth_token_file=_path("auth-token-file", a.auth_token_file),
         cost_profile=_path("cost-profile", a.cost_profile), cost_profile_seconds=a.cost_profile_seconds,
         model_workers=parse_workers(a.model_workers),
-        strip_strings=tuple(getattr(a, "strip_strings", ())), chat_template=getattr(a, "chat_template", None))
+        strip_strings=tuple(getattr(a, "strip_strings", ())), chat_template=getattr(a, "chat_template", None),
+        max_concurrent_streams=a.max_concurrent_streams, max_stream_items_in_flight=a.max_stream_items_in_flight,
+        body_timeout_seconds=a.body_timeout_seconds, max_buffered_request_bytes=a.max_buffered_request_bytes)
 
 
 def _path(flag: str, value: str | None) -> pathlib.Path | None:

@@ -1,0 +1,360 @@
+"""Transport-level attacks on a real, started server (issue 20): stalled bodies, a flooding stream,
+an HTTP/2 PING flood, and framing edge cases. Each returns plain figures, as `faults` does: the
+tests assert on them (tests/integration/test_transport_py.py), `rmscore hardening` reports them.
+
+A "probe" is what the issue measured with: a good one-sequence Score on a fresh connection every
+`interval` s with a 2 s timeout; the goal is that each is answered, or refused in under 100 ms.
+Every attack is on 127.0.0.1, bounded in connections, bytes and seconds.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+
+from rmscore_loadtest import caller
+from rmscore_loadtest.observe import rss_mb
+from rmscore_loadtest.reliability.faults import _probe_score
+
+PROBE_IDS = [[101, 7592, 2088, 102]]
+SCORE_PATH = "/rmscore.v1.RewardModel/Score"
+STREAM_PATH = "/rmscore.v1.RewardModel/ScoreStream"
+FAST_REFUSAL_MS = 100.0
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/PID/stat, clock ticks)."""
+    import os
+
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Prober:
+    """A thread sending a probe every `interval_s` on a fresh connection until stopped:
+    records (code, ms) per probe."""
+
+    def __init__(self, server, interval_s: float = 0.5, timeout_s: float = 2.0):
+        self.server, self.interval_s, self.timeout_s = server, interval_s, timeout_s
+        self.results: list[tuple[str, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Prober":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(self.timeout_s + 5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            # The client object is built first: its set-up (httpx makes an SSL context) is not the server's time.
+            c = caller.Caller.to(self.server, timeout_s=self.timeout_s)
+            t0 = time.perf_counter()
+            try:
+                code, _ = _probe_score(c, PROBE_IDS, timeout_s=self.timeout_s)
+            finally:
+                c.close()
+            ms = (time.perf_counter() - t0) * 1e3
+            self.results.append((code, ms))
+            self._stop.wait(max(0.0, self.interval_s - ms / 1e3))
+
+    def figures(self) -> dict:
+        """probes, answered, refused fast (< 100 ms), failed otherwise (slow refusals, timeouts), the codes."""
+        bad = [(c, ms) for c, ms in self.results if c != "OK" and ms >= FAST_REFUSAL_MS]
+        codes: dict[str, int] = {}
+        for c, _ in self.results:
+            codes[c] = codes.get(c, 0) + 1
+        return {"probes": len(self.results), "answered": sum(c == "OK" for c, _ in self.results),
+                "refused_fast": sum(c != "OK" and ms < FAST_REFUSAL_MS for c, ms in self.results),
+                "failed": len(bad), "probe_codes": codes,
+                "probe_max_ms": max((ms for _, ms in self.results), default=None)}
+
+
+# ---- raw HTTP/2 (gRPC) ---------------------------------------------------------------------
+
+def _h2(host: str, port: int, timeout_s: float):
+    import h2.config
+    import h2.connection
+
+    s = socket.create_connection((host, port), timeout=timeout_s)
+    c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    c.initiate_connection()
+    s.sendall(c.data_to_send())
+    return s, c
+
+
+def _grpc_headers(path: str, extra: list[tuple[str, str]] = ()) -> list[tuple[str, str]]:
+    return [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "127.0.0.1"),
+            ("content-type", "application/grpc"), ("te", "trailers"), *extra]
+
+
+def _pump(s: socket.socket, c, until) -> dict:
+    """Read frames until `until(events)` says done or the connection ends; the headers and trailers seen."""
+    import h2.events
+
+    seen: dict = {}
+    while True:
+        try:
+            data = s.recv(1 << 16)
+        except socket.timeout:
+            seen["timeout"] = True
+            return seen
+        if not data:
+            seen["closed"] = True
+            return seen
+        events = c.receive_data(data)
+        for e in events:
+            if isinstance(e, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                seen.update(dict(e.headers))
+            if isinstance(e, h2.events.ConnectionTerminated):
+                seen["goaway"] = e.error_code
+        s.sendall(c.data_to_send())
+        if until(events, seen):
+            return seen
+
+
+def grpc_call_raw(host: str, port: int, message: bytes, extra_headers: list[tuple[str, str]] = (),
+                  path: str = SCORE_PATH, timeout_s: float = 10) -> dict:
+    """One unary call with hand-made headers (what grpcio will not send, e.g. a malformed
+    grpc-timeout): {"grpc-status", "grpc-message", ...}."""
+    import h2.events
+
+    s, c = _h2(host, port, timeout_s)
+    try:
+        c.send_headers(1, _grpc_headers(path, list(extra_headers)))
+        c.send_data(1, b"\0" + struct.pack(">I", len(message)) + message, end_stream=True)
+        s.sendall(c.data_to_send())
+        return _pump(s, c, lambda evs, _: any(isinstance(e, (h2.events.StreamEnded, h2.events.StreamReset))
+                                               for e in evs))
+    finally:
+        s.close()
+
+
+def _frames(s: socket.socket, seen: dict) -> None:
+    """Read raw HTTP/2 frames until the connection ends, noting a GOAWAY's error code and when it came."""
+    buf, t0 = b"", time.perf_counter()
+    while True:
+        try:
+            data = s.recv(1 << 16)
+        except OSError:
+            data = b""
+        if not data:
+            seen["closed_s"] = time.perf_counter() - t0
+            return
+        buf += data
+        while len(buf) >= 9:
+            length, kind = int.from_bytes(buf[:3], "big"), buf[3]
+            if len(buf) < 9 + length:
+                break
+            if kind == 7 and "goaway" not in seen:  # GOAWAY: last stream id (4), error code (4)
+                seen["goaway"] = int.from_bytes(buf[13:17], "big")
+                seen["goaway_s"] = time.perf_counter() - t0
+            buf = buf[9 + length:]
+
+
+def ping_flood(server, pings: int = 50_000, batch: int = 1000, wait_s: float = 5.0) -> dict:
+    """`pings` PING frames written as fast as the socket takes them (no ACK awaited), with no call
+    open: server CPU seconds spent, whether a GOAWAY came (and its code: 11 is ENHANCE_YOUR_CALM),
+    pings written before the connection ended."""
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=wait_s)
+    s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes(3) + bytes([4, 0]) + bytes(4))  # preface, SETTINGS
+    frame = struct.pack(">I", 8)[1:] + bytes([6, 0]) + bytes(4) + bytes(8)  # PING on stream 0
+    seen: dict = {}
+    reader = threading.Thread(target=_frames, args=(s, seen), daemon=True)
+    cpu0, t0, sent = cpu_s(server.proc.pid), time.perf_counter(), 0
+    reader.start()
+    try:
+        while sent < pings and "closed_s" not in seen:
+            s.sendall(frame * min(batch, pings - sent))
+            sent += min(batch, pings - sent)
+    except OSError:  # reset or timed out: the server stopped reading or hung up
+        pass
+    reader.join(wait_s)
+    s.close()
+    return {"pings": pings, "pings_written": sent, "seconds": time.perf_counter() - t0,
+            "server_cpu_s": cpu_s(server.proc.pid) - cpu0, "goaway": "goaway" in seen,
+            "goaway_code": seen.get("goaway"), "goaway_after_s": seen.get("goaway_s")}
+
+
+# ---- stalled bodies ------------------------------------------------------------------------
+
+def _stall_http(port: int, body_bytes: int, timeout_s: float, send_bytes: int | None = None) -> socket.socket:
+    """A POST /v1/score announcing `body_bytes` and sending `send_bytes` of it (default: all but the
+    last byte). A server that refuses and closes meanwhile ends the sending, not the caller."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+    s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % body_bytes)
+    chunk = b" " * (1 << 16)
+    left = body_bytes - 1 if send_bytes is None else send_bytes
+    try:
+        while left > 0:
+            s.sendall(chunk[:min(left, len(chunk))])
+            left -= min(left, len(chunk))
+    except OSError:
+        pass
+    return s
+
+
+def _stall_grpc(port: int, body_bytes: int, timeout_s: float) -> socket.socket:
+    """A Score call whose message announces `body_bytes` and gets all but its last byte, sent as
+    fast as the server's flow-control windows let it."""
+    import h2.events
+
+    s, c = _h2("127.0.0.1", port, timeout_s)
+    c.send_headers(1, _grpc_headers(SCORE_PATH))
+    pending = b"\0" + struct.pack(">I", body_bytes) + b"\0" * (body_bytes - 1)
+    while pending:
+        n = min(len(pending), c.local_flow_control_window(1), c.max_outbound_frame_size)
+        if n > 0:
+            c.send_data(1, pending[:n])
+            pending = pending[n:]
+            s.sendall(c.data_to_send())
+            continue
+        data = s.recv(1 << 16)  # wait for a WINDOW_UPDATE
+        if not data:
+            break
+        for e in c.receive_data(data):
+            if isinstance(e, (h2.events.StreamReset, h2.events.StreamEnded, h2.events.ConnectionTerminated)):
+                pending = b""  # refused: stop sending, keep the connection as a stalled client would
+        s.sendall(c.data_to_send())
+    return s
+
+
+def _answered(s: socket.socket, transport: str) -> bool:
+    """Whether the server answered a stalled request: any HTTP response; on gRPC, a HEADERS or
+    RST_STREAM frame (SETTINGS, PING and WINDOW_UPDATE are the connection's own business)."""
+    s.settimeout(0.2)
+    try:
+        data = s.recv(1 << 16)
+    except OSError:
+        return False
+    if transport != "grpc":
+        return bool(data)
+    while len(data) >= 9:  # _stall_grpc consumed whole frames, so this starts at a frame boundary
+        if data[3] in (1, 3):
+            return True
+        data = data[9 + int.from_bytes(data[:3], "big"):]
+    return False
+
+
+def _settled_rss(pid: int, seconds: float) -> float:
+    """The lowest RSS seen over `seconds` (the server may still be freeing what the attack left)."""
+    end, low = time.monotonic() + seconds, rss_mb(pid)
+    while time.monotonic() < end:
+        time.sleep(0.25)
+        low = min(low, rss_mb(pid))
+    return low
+
+
+def stalled_bodies(server, *, connections: int = 8, body_bytes: int = 4 << 20, hold_s: float = 3.0,
+                   settle_s: float = 3.0, timeout_s: float = 30.0) -> dict:
+    """`connections` clients each send all but the last byte of a `body_bytes` request and stop,
+    for `hold_s`; then they go. RSS before, with them connected, and after they went (lowest over
+    `settle_s`); how many were answered while stalled (timed out or refused), and the probes meanwhile."""
+    pid = server.proc.pid
+    stall = _stall_grpc if server.transport == "grpc" else _stall_http
+    before = _settled_rss(pid, 1.0)
+    socks, answered = [], 0
+    with Prober(server) as prober:
+        for _ in range(connections):
+            try:
+                socks.append(stall(server.port, body_bytes, timeout_s))
+            except OSError:  # refused while sending: what the cap is for
+                answered += 1
+        held = rss_mb(pid)
+        time.sleep(hold_s)
+        for s in socks:
+            answered += _answered(s, server.transport)
+            s.close()
+    after = _settled_rss(pid, settle_s)
+    return {"connections": connections, "body_bytes": body_bytes, "rss_before_mb": before,
+            "rss_held_mb": held, "rss_after_mb": after, "rss_after_pct": 100 * (after - before) / before,
+            "answered_while_stalled": answered, **prober.figures()}
+
+
+def server_settings(port: int, timeout_s: float = 5.0) -> dict[int, int]:
+    """The HTTP/2 SETTINGS the server sends first on a new connection: {identifier: value}
+    (3: SETTINGS_MAX_CONCURRENT_STREAMS; absent means unlimited)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes(3) + bytes([4, 0]) + bytes(4))
+        buf = b""
+        while True:
+            chunk = s.recv(1 << 16)
+            if not chunk:
+                raise ConnectionError("closed before sending SETTINGS")
+            buf += chunk
+            while len(buf) >= 9:
+                length, kind, flags = int.from_bytes(buf[:3], "big"), buf[3], buf[4]
+                if len(buf) < 9 + length:
+                    break
+                if kind == 4 and not flags & 1:  # SETTINGS, not an ACK
+                    body = buf[9:9 + length]
+                    return {int.from_bytes(body[i:i + 2], "big"): int.from_bytes(body[i + 2:i + 6], "big")
+                            for i in range(0, length, 6)}
+                buf = buf[9 + length:]
+
+
+# ---- one stream flooding the queue, framing --------------------------------------------------
+
+def _flood(server, items: int, seconds: float, out: dict) -> None:
+    import grpc
+
+    from rmscore_client.v1 import reward_pb2, reward_pb2_grpc
+
+    item = reward_pb2.ScoreStreamRequest(sequence=reward_pb2.Sequence(tokens=reward_pb2.TokenIds(ids=PROBE_IDS[0])))
+    with grpc.insecure_channel(server.target) as ch:
+        call = reward_pb2_grpc.RewardModelStub(ch).ScoreStream((item for _ in range(items)), timeout=seconds)
+        try:
+            for r in call:
+                out["stream_answers"] += 1
+                out["stream_errors"] += r.HasField("error")
+        except grpc.RpcError as e:
+            out["stream_end"] = e.code().name
+        else:
+            out["stream_end"] = "OK"
+
+
+def stream_flood(server, *, items: int = 200_000, seconds: float = 6.0, probe_interval_s: float = 0.5) -> dict:
+    """One ScoreStream sending `items` items as fast as flow control lets it (its answers read as they
+    come) for at most `seconds`, and the probes meanwhile. On HTTP there are no streams: not run."""
+    if server.transport != "grpc":
+        return {"not_run": "no streams on HTTP"}
+    out = {"items": items, "stream_answers": 0, "stream_errors": 0, "stream_end": None}
+    flood = threading.Thread(target=_flood, args=(server, items, seconds, out), daemon=True)
+    flood.start()
+    time.sleep(0.5)  # the stream is at full speed before the first probe
+    with Prober(server, interval_s=probe_interval_s) as prober:
+        flood.join(seconds + 10)
+    return {**out, **prober.figures()}
+
+
+def framing(server) -> dict:
+    """HTTP: a request with both Content-Length and Transfer-Encoding, then a second request on the
+    same connection: the answer's status and whether the second was served (RFC 9112: close). gRPC:
+    the grpc-status of a Score whose grpc-timeout does not parse (the contract: no deadline, OK)."""
+    if server.transport == "grpc":
+        from rmscore_client.v1 import reward_pb2
+
+        request = reward_pb2.ScoreRequest(sequences=[reward_pb2.Sequence(tokens=reward_pb2.TokenIds(ids=PROBE_IDS[0]))])
+        got = grpc_call_raw("127.0.0.1", server.port, request.SerializeToString(), [("grpc-timeout", "1x")])
+        return {"malformed_grpc_timeout_status": got.get("grpc-status"), "message": got.get("grpc-message")}
+    body = b'{"sequences": [{"tokens": [101, 102]}]}'
+    raw = (b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+           b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n") % (len(body), len(body), body)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+        s.sendall(raw)
+        out, closed = b"", False
+        try:
+            while chunk := s.recv(1 << 16):
+                out += chunk
+            closed = True
+        except socket.timeout:
+            pass
+    return {"cl_te_status": int(out.split(b" ", 2)[1]) if out.startswith(b"HTTP/1.1 ") else None,
+            "cl_te_closed": closed, "cl_te_second_request_served": out.count(b"HTTP/1.1 ") > 1}

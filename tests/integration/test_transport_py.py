@@ -1,0 +1,106 @@
+"""Transport attacks on the Python servers (issue 20, items 4, 6, 7, 8), small and seconds long:
+stalled bodies, a stream flooding the queue, a PING flood, and a request with both Content-Length
+and Transfer-Encoding. The attacks are rmscore_loadtest.reliability.transport's, as in
+`rmscore hardening`. One server per kind for the module; cpp-grpc has its own test module.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+import servers
+from rmscore_loadtest.reliability import transport
+
+GRPC, HTTP = "py-grpc-onnxruntime", "py-http-onnxruntime"
+MiB = 1 << 20
+# Small limits, so that two stalled 2 MiB bodies fill the budget and a stall is refused within seconds.
+FLAGS = dict(max_request_bytes=4 * MiB, max_buffered_request_bytes=4 * MiB, body_timeout_seconds=2,
+             max_stream_items_in_flight=16)
+
+
+@pytest.fixture(scope="module")
+def running():
+    wanted = [k for k in (GRPC, HTTP) if k in servers.available_kinds()]
+    if not wanted:
+        pytest.skip("no Python server kind in RMSCORE_TEST_KINDS")
+    started: list = []
+    try:
+        yield {s.kind: s for s in servers.start_all(wanted, started, **FLAGS)}
+    finally:
+        for s in started:
+            s.stop()
+
+
+def kind(running, name):
+    if name not in running:
+        pytest.skip(f"{name} not in RMSCORE_TEST_KINDS")
+    return running[name]
+
+
+def test_ping_flood_gets_goaway_and_streams_are_bounded(running):
+    server = kind(running, GRPC)
+    # grpcio advertised no SETTINGS_MAX_CONCURRENT_STREAMS (unlimited) before --max-concurrent-streams.
+    assert transport.server_settings(server.port).get(3) == 100
+    fig = transport.ping_flood(server, pings=20_000)
+    assert fig["goaway"] and fig["goaway_code"] == 11, fig  # ENHANCE_YOUR_CALM: too many pings
+    # What remains (docs/hardening.md): the pings already read are still answered, ~25-30 us each here.
+    assert fig["server_cpu_s"] < 100e-6 * fig["pings_written"], fig
+
+
+def test_flooding_stream_leaves_room_for_other_callers(running):
+    fig = transport.stream_flood(kind(running, GRPC), items=200_000, seconds=6.0)
+    assert fig["stream_answers"] > 0 and fig["stream_end"] == "DEADLINE_EXCEEDED", fig
+    # Before the per-stream bound: 41 of 43 probes failed, 23 by timing out (issue 20).
+    assert fig["probes"] >= 3 and fig["failed"] == 0, fig
+
+
+def test_stalled_body_times_out_with_408_and_closes(running):
+    server = kind(running, HTTP)
+    t0 = time.perf_counter()  # before the headers go: the server's clock starts after this
+    s = transport._stall_http(server.port, 1 * MiB, timeout_s=10)
+    answer = _read_all(s, 10)
+    took = time.perf_counter() - t0
+    assert answer.startswith(b"HTTP/1.1 408 ") and b"body_timeout_seconds" in answer, answer[:300]
+    assert 1.9 < took < 8.0, took  # body_timeout_seconds is 2; before it: no answer at all
+
+
+def test_bodies_past_the_budget_are_refused_at_once(running):
+    server = kind(running, HTTP)
+    first = transport._stall_http(server.port, 3 * MiB, timeout_s=10)  # holds 3 of the 4 MiB budget
+    try:
+        t0 = time.perf_counter()
+        second = transport._stall_http(server.port, 2 * MiB, timeout_s=10, send_bytes=0)
+        answer = _read_all(second, 10)
+        assert answer.startswith(b"HTTP/1.1 413 ") and b"max_buffered_request_bytes" in answer, answer[:300]
+        assert time.perf_counter() - t0 < 1.0
+    finally:
+        first.close()
+    time.sleep(0.3)  # the server sees the close and releases the budget: a good request fits again
+    assert transport._probe_score(transport.caller.Caller.to(server), transport.PROBE_IDS, 10)[0] == "OK"
+
+
+@pytest.mark.parametrize("name", [GRPC, HTTP])
+def test_stalled_bodies_leave_no_memory_behind(running, name):
+    # 128 MiB offered, ~13 % of a Python server's RSS. Before: held after the clients went (40 x 15 MiB:
+    # +64 % on py-grpc, glibc kept the freed heap; +12 % on HTTP, a reference cycle kept the bodies).
+    fig = transport.stalled_bodies(kind(running, name), connections=32, body_bytes=4 * MiB, hold_s=2, settle_s=4)
+    assert fig["rss_after_pct"] < 3 and fig["failed"] == 0, f"{name}: {fig}"
+
+
+def test_content_length_with_transfer_encoding_is_refused_and_closed(running):
+    fig = transport.framing(kind(running, HTTP))
+    # RFC 9112 6.3: such a request is an error and the connection must close; the bytes after it
+    # must not be served as a second request.
+    assert fig == {"cl_te_status": 400, "cl_te_closed": True, "cl_te_second_request_served": False}, fig
+
+
+def _read_all(s: socket.socket, timeout_s: float) -> bytes:
+    """Everything until the server closes the connection (fails if it keeps it open)."""
+    s.settimeout(timeout_s)
+    out = b""
+    while chunk := s.recv(1 << 16):
+        out += chunk
+    return out
