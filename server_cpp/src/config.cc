@@ -165,6 +165,16 @@ const std::map<std::string, Setter>& Setters() {
            Fail(f, "must be 'auto' or an integer >= 1, got '" + v + "'");
          }
        }},
+      {"--max-concurrent-streams", [](Config& c, auto& f, auto& v) {
+         c.max_concurrent_streams = int(ParseInt(f, v, 1, INT32_MAX));
+       }},
+      {"--max-stream-items-in-flight", [](Config& c, auto& f, auto& v) {
+         c.max_stream_items_in_flight = int(ParseInt(f, v, 1, 1 << 24));
+       }},
+      {"--body-timeout-seconds", [](Config& c, auto& f, auto& v) { c.body_timeout_seconds = ParseChannelSeconds(f, v, false); }},
+      {"--max-buffered-request-bytes", [](Config& c, auto& f, auto& v) {
+         c.max_buffered_request_bytes = ParseInt(f, v, 1, INT64_C(1) << 50);
+       }},
       {"--tls-cert-file", [](Config& c, auto& f, auto& v) { c.tls_cert_file = NonEmpty(f, v); }},
       {"--tls-key-file", [](Config& c, auto& f, auto& v) { c.tls_key_file = NonEmpty(f, v); }},
       {"--auth-token-file", [](Config& c, auto& f, auto& v) { c.auth_token_file = NonEmpty(f, v); }},
@@ -191,6 +201,10 @@ void CheckLimits(const Config& c) {
   if (c.max_sequences_per_request > c.max_queue_sequences) {
     Fail("--max-sequences-per-request", "must be <= --max-queue-sequences (" + std::to_string(c.max_queue_sequences) +
                                             "), got " + std::to_string(c.max_sequences_per_request));
+  }
+  if (c.max_buffered_request_bytes < c.max_request_bytes) {
+    Fail("--max-buffered-request-bytes", "must be >= --max-request-bytes (" + std::to_string(c.max_request_bytes) +
+                                             "), got " + std::to_string(c.max_buffered_request_bytes));
   }
   if (c.model_workers > c.intra_op_threads) {
     Fail("--model-workers", "each worker needs an intra-op thread: must be <= --intra-op-threads (" +
@@ -281,6 +295,8 @@ std::string Usage() {
          "  --graph-optimization-level disable|basic|extended|all  --precision fp32|int8\n"
          "  --device cpu|cuda  --drain-grace-seconds 30  --warmup-rounds 1\n"
          "  --max-connection-age-seconds 300  --max-connection-age-grace-seconds 30 (gRPC GOAWAY, re-resolve)\n"
+         "  --max-concurrent-streams 100  --max-stream-items-in-flight 32 (per ScoreStream; then it is not read)\n"
+         "  --body-timeout-seconds 30  --max-buffered-request-bytes 134217728 (the HTTP server's; checked only)\n"
          "  --tls-cert-file PEM --tls-key-file PEM (both or neither; default: plaintext)\n"
          "  --auth-token-file PATH (shared bearer token; default: none)\n"
          "See docs/contract.md and docs/cpp_server.md.\n";

@@ -49,6 +49,14 @@ struct Config {
   // Model sessions run in parallel, each with intra_op_threads / model_workers threads, one batcher
   // thread each; kAutoWorkers: measured at warm-up (main.cc, StartWorkers).
   int model_workers = 1;
+  // Transport limits, the same flags as the Python servers (docs/contract.md): HTTP/2 streams one
+  // connection may have open at once; ScoreStream items of one stream read but not yet answered on
+  // the wire (at the bound the stream is not read, so flow control holds its client back instead of
+  // the shared queue). The two body flags are the HTTP server's: checked here, not used by gRPC.
+  int max_concurrent_streams = 100;
+  int max_stream_items_in_flight = 32;
+  double body_timeout_seconds = 30;
+  int64_t max_buffered_request_bytes = INT64_C(134217728);
   // Transport security and the shared bearer token (docs/contract.md, "Access
   // control"). Empty: off. Checked at parse time: TLS takes both files or
   // neither, every file must be readable, the token file must hold a token.

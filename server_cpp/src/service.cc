@@ -180,10 +180,7 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentialsFor(const Config& cfg,
   return std::make_shared<CoreCredentials>(creds);
 }
 
-int StreamWindow(const Config& cfg) {
-  const int64_t quarter = std::max<int64_t>(1, cfg.max_queue_sequences / 4);
-  return int(std::clamp<int64_t>(2 * int64_t(cfg.max_batch_size), 1, quarter));
-}
+int StreamWindow(const Config& cfg) { return cfg.max_stream_items_in_flight; }
 
 std::optional<Clock::time_point> SteadyDeadline(const grpc::CallbackServerContext& ctx) {
   // gRPC's own timespec, not ctx.deadline(): grpcpp converts that to system_clock nanoseconds, which

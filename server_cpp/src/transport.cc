@@ -9,9 +9,7 @@
 
 namespace rmscore {
 
-int MaxConcurrentStreams(const Config& cfg) {
-  return int(std::clamp<int64_t>(cfg.max_queue_sequences, 100, INT_MAX));
-}
+int MaxConcurrentStreams(const Config& cfg) { return cfg.max_concurrent_streams; }
 
 void ConfigureTransport(const Config& cfg, grpc::ServerBuilder* builder) {
   builder->SetMaxReceiveMessageSize(int(cfg.max_request_bytes));

@@ -57,22 +57,28 @@ TEST(ReflectionV1, UnknownNamesAreNotFound) {
   EXPECT_EQ(reflection.Answer(req).error_response().error_message(), "Type not found.");
 }
 
-TEST(Transport, AStreamHoldsTwoBatchesAtMostAQuarterOfTheQueue) {
-  Config cfg;  // 32 and 4096
-  EXPECT_EQ(StreamWindow(cfg), 64);
-  cfg.max_queue_sequences = 100;
-  EXPECT_EQ(StreamWindow(cfg), 25);
-  cfg.max_queue_sequences = 2;
-  EXPECT_EQ(StreamWindow(cfg), 1);
+Config ParseArgs(const std::vector<std::string>& args) {
+  bool help = false;
+  return ParseConfig(args, &help);
 }
 
-TEST(Transport, StreamLimitFollowsTheQueueWithAFloor) {
-  Config cfg;
-  EXPECT_EQ(MaxConcurrentStreams(cfg), 4096);
-  cfg.max_queue_sequences = 10;
-  EXPECT_EQ(MaxConcurrentStreams(cfg), 100);
-  cfg.max_queue_sequences = INT64_C(1) << 40;
-  EXPECT_EQ(MaxConcurrentStreams(cfg), INT32_MAX);
+TEST(Transport, StreamWindowAndStreamLimitAreTheSharedFlags) {
+  Config cfg = ParseArgs({"--max-stream-items-in-flight", "7", "--max-concurrent-streams", "250"});
+  EXPECT_EQ(StreamWindow(cfg), 7);
+  EXPECT_EQ(MaxConcurrentStreams(cfg), 250);
+  Config defaults;  // the Python servers' defaults
+  EXPECT_EQ(StreamWindow(defaults), 32);
+  EXPECT_EQ(MaxConcurrentStreams(defaults), 100);
+}
+
+TEST(Transport, TheHttpBodyFlagsAreCheckedAsInPython) {
+  EXPECT_THROW(ParseArgs({"--body-timeout-seconds", "0"}), ConfigError);
+  try {
+    ParseArgs({"--max-request-bytes", "2048", "--max-buffered-request-bytes", "1024"});
+    FAIL() << "a buffer cap below one request was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "--max-buffered-request-bytes: must be >= --max-request-bytes (2048), got 1024");
+  }
 }
 
 }  // namespace

@@ -116,3 +116,18 @@ def test_malformed_grpc_timeout_is_no_deadline(server, value, request):
     score = reward_pb2.ScoreRequest(sequences=[reward_pb2.Sequence(tokens=reward_pb2.TokenIds(ids=[101, 102]))])
     got = grpc_call_raw("127.0.0.1", server.port, score.SerializeToString(), [("grpc-timeout", value)])
     assert got.get("grpc-status") == "0", got
+
+
+def test_a_compressed_request_is_refused_before_it_is_inflated(server):
+    """Identity encoding only, on every gRPC kind: gRPC inflates a message whole before its size limit
+    (issue 20: a gzip bomb), so a compressed request is refused at its headers. 16 MiB of zeros, 16 KiB sent."""
+    import zlib
+
+    import h2raw
+
+    z = zlib.compressobj(9, zlib.DEFLATED, 31, 9, zlib.Z_RLE)  # wbits 31: the gzip wrapper
+    bomb = b"".join(z.compress(bytes(1 << 20)) for _ in range(16)) + z.flush()
+    answer = h2raw.call(server.port, "/rmscore.v1.RewardModel/Score", h2raw.grpc_frame(bomb, compressed=True),
+                        [("grpc-encoding", "gzip")])
+    assert answer.status == grpc.StatusCode.UNIMPLEMENTED.value[0], answer
+    assert "gzip" in answer.message and "disabled" in answer.message, answer

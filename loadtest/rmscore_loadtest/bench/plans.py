@@ -62,8 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m rmscore_loadtest.bench.plans SPEC.json OUT.json", file=sys.stderr)
         return 2
     t = time.perf_counter()
-    result = run(json.loads(pathlib.Path(argv[0]).read_text()))
-    result["seconds"] = time.perf_counter() - t
+    result = {"runtimes": run(json.loads(pathlib.Path(argv[0]).read_text())), "seconds": time.perf_counter() - t}
     pathlib.Path(argv[1]).write_text(json.dumps(result))
     return 0
 

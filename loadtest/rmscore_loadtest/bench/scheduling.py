@@ -53,7 +53,7 @@ def best_plans(s: Settings, model: str, rep: int, runtimes: list[str], tmp: path
     spec_path.write_text(json.dumps(spec))
     subprocess.run([sys.executable, "-m", "rmscore_loadtest.bench.plans", str(spec_path), str(out_path)],
                    check=True, cwd=launch.ROOT)
-    return json.loads(out_path.read_text())
+    return json.loads(out_path.read_text())["runtimes"]
 
 
 def server_flags(s: Settings, config: str, profile: pathlib.Path) -> dict:
@@ -68,7 +68,7 @@ async def measure_kind(server, s: Settings, wl: loadgen.Workload, rollouts: list
     """Every load on one fresh server: the closed loops, then the rollouts."""
     transport = kinds_registry.get(server.kind).transport
     out = {}
-    one = caller.async_client(transport, server.target, chunk_size=1, timeout_s=s.rpc_timeout_s)
+    one = caller.async_client(transport, caller.target_of(server), chunk_size=1, timeout_s=s.rpc_timeout_s)
     try:
         requests = wl.requests(s.seed)
         await loadgen.warmup(one, requests, 8, s.warmup_s)
@@ -79,7 +79,7 @@ async def measure_kind(server, s: Settings, wl: loadgen.Workload, rollouts: list
                             "errors": r["errors"]}
     finally:
         await one.close()
-    chunked = caller.async_client(transport, server.target, chunk_size=ROLLOUT[1], timeout_s=s.rpc_timeout_s)
+    chunked = caller.async_client(transport, caller.target_of(server), chunk_size=ROLLOUT[1], timeout_s=s.rpc_timeout_s)
     try:
         r = await loadgen.rollouts(chunked, rollouts)
         out["rollout"] = {"throughput_seq_s": ROLLOUT[0] / r["makespan_s_mean"], "makespan_s": r["makespan_s_mean"],
@@ -128,7 +128,8 @@ def summarise(reps: list[dict], kinds: list[str], configs: list[str]) -> dict:
                        "errors": sum(r["servers"][key][load]["errors"] for r in per)}
                 if load == f"c{max(CONCURRENCY)}":
                     p99 = [r["servers"][key][load]["latency_ms"]["p99"] for r in per]
-                    bound = [GOALS["p99_factor"] * max(CONCURRENCY) / t * 1e3 for t in thr]
+                    # A repetition that scored nothing in the window has no bound (NaN, dropped by mean_ci).
+                    bound = [GOALS["p99_factor"] * max(CONCURRENCY) / t * 1e3 if t > 0 else float("nan") for t in thr]
                     row["p99_ms"], row["p99_bound_ms"] = mean_ci(p99).as_dict(), mean_ci(bound).as_dict()
                 rows[f"{key} {load}"] = row
     http = _http_excess(reps, configs)
@@ -227,6 +228,7 @@ def run(s: Settings, out: pathlib.Path, model: str, kinds: list[str], configs: l
     with tempfile.TemporaryDirectory(prefix="rmscore-sched-") as tmp:
         for rep in range(s.repeats):
             rec["reps"].append(repetition(rep, s, model, kinds, configs, out, pathlib.Path(tmp)))
+            (out / "scheduling.json").write_text(json.dumps(rec, indent=1))  # the raw figures first, whatever follows
             rec["summary"] = summarise(rec["reps"], kinds, configs)
             write(rec, out)  # a partial report after every repetition: long runs show where they are
     return rec

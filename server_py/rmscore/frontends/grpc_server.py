@@ -200,7 +200,11 @@ MAX_PING_STRIKES = 2
 
 def transport_limit_options(cfg: ServeConfig) -> list[tuple[str, int]]:
     """The gRPC channel arguments of the transport limits (issue 20, items 6 and 7)."""
-    return [("grpc.max_concurrent_streams", cfg.max_concurrent_streams),
+    # No compressed requests, as in the C++ server: gRPC inflates a message whole before comparing it
+    # with the receive limit (a 1 MiB gzip bomb took C++ to +1 GiB), so the contract is identity only,
+    # and a compressed request is refused UNIMPLEMENTED at its headers on every kind (bit 0: identity).
+    return [("grpc.compression_enabled_algorithms_bitset", 1),
+            ("grpc.max_concurrent_streams", cfg.max_concurrent_streams),
             ("grpc.http2.min_ping_interval_without_data_ms", MIN_PING_INTERVAL_WITHOUT_DATA_MS),
             ("grpc.http2.max_ping_strikes", MAX_PING_STRIKES)]
 
