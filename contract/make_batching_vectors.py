@@ -12,6 +12,7 @@ import random
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "server_py"))
+from rmscore.core.admission import QueueWork  # noqa: E402
 from rmscore.core.cost import CostTable  # noqa: E402
 from rmscore.core.planner import COST_AWARE, MODES, PlannerConfig, Waiting, plan  # noqa: E402
 
@@ -109,6 +110,42 @@ HAND = [
 ]
 
 
+def admission_case(name, expect_code, *, workers=1, max_wait_us=60_000_000, seed=0.0, observe=(), tokens=0,
+                   now_us=1_000_000, deadline_us=None):
+    """One admission decision (core/admission.py), its message from the Python reference; the
+    intended code is written by hand and checked here."""
+    w = QueueWork(workers, max_wait_us)
+    w.us_per_token = seed
+    for batch_us, n in observe:
+        w.observe(batch_us, n)
+    w.add(tokens)
+    r = w.refusal(now_us, deadline_us)
+    code = "OK" if r is None else r.code.name
+    assert code == expect_code, (name, code, r)
+    return {"name": name, "workers": workers, "max_wait_us": max_wait_us, "seed_us_per_token": seed,
+            "observe": [list(o) for o in observe], "tokens": tokens, "now_us": now_us, "deadline_us": deadline_us,
+            "expect": {"code": code, "message": "" if r is None else r.message, "wait_us": w.wait_us()}}
+
+
+ADMISSION = [
+    admission_case("nothing measured yet: accepted", "OK", tokens=10**7, deadline_us=1_000_001),
+    admission_case("an idle server accepts even a past deadline", "OK", seed=10.0, deadline_us=5),
+    admission_case("queued work past the bound: refused", "RESOURCE_EXHAUSTED", seed=100.0, tokens=700_000),
+    admission_case("two workers halve the wait", "OK", workers=2, seed=100.0, tokens=700_000),
+    admission_case("bound 0: no bound", "OK", max_wait_us=0, seed=100.0, tokens=10**8),
+    admission_case("the wait outlasts the deadline: refused", "DEADLINE_EXCEEDED", seed=100.0, tokens=20_000,
+                   deadline_us=2_500_000),
+    admission_case("the deadline outlasts the wait: accepted", "OK", seed=100.0, tokens=20_000, deadline_us=3_500_000),
+    admission_case("the bound is checked before the deadline", "RESOURCE_EXHAUSTED", seed=100.0, tokens=700_000,
+                   deadline_us=1_000_100),
+    admission_case("observed batches set and move the rate", "DEADLINE_EXCEEDED", observe=[(1000, 10), (2000, 10)],
+                   tokens=1000, deadline_us=1_100_000),
+    admission_case("a past deadline behind queued work", "DEADLINE_EXCEEDED", seed=3.0, tokens=1000, deadline_us=0),
+    admission_case("empty batches are not observed", "OK", observe=[(0, 10), (500, 0)], tokens=10**6,
+                   deadline_us=1_000_001),
+]
+
+
 def cost_queries():
     """batch_us of each table at grid points, between them, below and past them."""
     points = [(1, 16), (1, 1), (3, 100), (5, 16), (64, 512), (100, 600), (7, 700), (2, 48), (48, 200)]
@@ -142,6 +179,6 @@ def generated(n_cases=300, seed=20261202):
 if __name__ == "__main__":
     path = pathlib.Path(__file__).parent / "batching_vectors.json"
     doc = {"_comment": __doc__.strip(), "hand": HAND, "generated": generated(n_cases=450),
-           "cost_tables": cost_queries()}
+           "cost_tables": cost_queries(), "admission": ADMISSION}
     path.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {len(HAND)} hand and {len(doc['generated'])} generated cases to {path}")
+    print(f"wrote {len(HAND)} hand, {len(doc['generated'])} generated and {len(ADMISSION)} admission cases to {path}")

@@ -20,7 +20,11 @@ Job::Job(std::vector<SeqView> seqs, std::optional<Clock::time_point> deadline, s
     : seqs_(std::move(seqs)), deadline_(deadline), keepalive_(std::move(keepalive)), done_(std::move(done)) {}
 
 Batcher::Batcher(const Options& opts, std::vector<BatchModel> models, Metrics* metrics, std::function<void()> abort)
-    : opts_(opts), models_(std::move(models)), abort_(std::move(abort)), metrics_(metrics) {
+    : opts_(opts),
+      models_(std::move(models)),
+      abort_(std::move(abort)),
+      metrics_(metrics),
+      work_(int64_t(models_.size()), opts.max_queue_wait_us, opts.seed_us_per_token) {
   for (const BatchModel& model : models_) threads_.emplace_back([this, &model] { Loop(model); });
 }
 
@@ -36,7 +40,12 @@ grpc::Status Batcher::Submit(const std::shared_ptr<Job>& job) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (job->finished_) return job->error_;  // cancelled before it was submitted
-    const grpc::Status refused = RefusalLocked(int64_t(job->seqs_.size()));
+    const int64_t arrival = NowUs();
+    if (job->deadline_) {
+      job->deadline_us_ = std::chrono::duration_cast<std::chrono::microseconds>(*job->deadline_ - epoch_).count();
+    }
+    grpc::Status refused = RefusalLocked(int64_t(job->seqs_.size()));
+    if (refused.ok()) refused = work_.Refusal(arrival, job->deadline_us_);
     if (!refused.ok()) {
       job->finished_ = true;  // never answered: a later Cancel does nothing
       job->error_ = refused;
@@ -44,16 +53,15 @@ grpc::Status Batcher::Submit(const std::shared_ptr<Job>& job) {
     }
     job->accepted_ = true;
     job->accepted_at_ = Clock::now();
-    const int64_t arrival = NowUs();
-    if (job->deadline_) {
-      job->deadline_us_ = std::chrono::duration_cast<std::chrono::microseconds>(*job->deadline_ - epoch_).count();
-    }
     job->scores_.assign(job->seqs_.size(), 0.0f);
     job->remaining_ = job->seqs_.size();
     job->first_seq_id_ = next_seq_id_;
-    for (size_t i = 0; i < job->seqs_.size(); ++i) queue_.emplace(next_seq_id_++, Queued{job, i, arrival});
+    for (size_t i = 0; i < job->seqs_.size(); ++i) {
+      queue_.emplace(next_seq_id_++, Queued{job, i, arrival});
+      work_.Add(job->seqs_[i].length);
+    }
     ++in_flight_;
-    metrics_->SetQueueDepth(int64_t(queue_.size()));
+    QueueChangedLocked();
     metrics_->InFlight(+1);
   }
   work_cv_.notify_one();
@@ -170,9 +178,10 @@ Batcher::Batch Batcher::TakeBatchLocked(const std::vector<uint64_t>& ids, int64_
     metrics_->QueueWait(double(now_us - it->second.arrival_us) / 1e6);
     b.seqs.push_back(std::move(it->second));
     queue_.erase(it);
+    work_.Remove(views.back().length);
   }
   b.packed = Pack(views, opts_.pad_token_id);
-  metrics_->SetQueueDepth(int64_t(queue_.size()));
+  QueueChangedLocked();
   return b;
 }
 
@@ -203,6 +212,10 @@ void Batcher::Run(const Batch& b, const BatchModel& model) {
     // a client may retry on another replica (docs/contract.md allows only OK or UNAVAILABLE then).
     if (!error.ok() && stopping_) error = Draining();
     if (opts_.cost && error.ok()) opts_.cost->Observe(int64_t(b.seqs.size()), b.packed.longest, ms / 1e3);
+    if (error.ok()) {
+      work_.Observe(ms * 1e3, b.packed.real_tokens);
+      QueueChangedLocked();
+    }
     ScoredLocked(b, scores, ms, &answers);
     if (!error.ok()) {
       // Each job of the batch fails once; its sequences still queued never reach the model.
@@ -243,9 +256,24 @@ void Batcher::FailLocked(std::shared_ptr<Job> job, const grpc::Status& why, cons
   if (!job->accepted_) return;  // cancelled before Submit, which refuses it with `why`
   answers->push_back(job);
   int64_t dropped = 0;
-  for (size_t i = 0; i < job->seqs_.size(); ++i) dropped += int64_t(queue_.erase(job->first_seq_id_ + i));
-  metrics_->SetQueueDepth(int64_t(queue_.size()));
+  for (size_t i = 0; i < job->seqs_.size(); ++i) dropped += EraseLocked(job->first_seq_id_ + i);
+  QueueChangedLocked();
   if (drop_reason && dropped) metrics_->SequencesDropped(drop_reason, dropped);
+}
+
+// Precondition: mu_ held.
+bool Batcher::EraseLocked(uint64_t id) {
+  auto it = queue_.find(id);
+  if (it == queue_.end()) return false;
+  work_.Remove(it->second.job->seqs_[it->second.index].length);
+  queue_.erase(it);
+  return true;
+}
+
+// Precondition: mu_ held. The queue's gauges follow it.
+void Batcher::QueueChangedLocked() {
+  metrics_->SetQueueDepth(int64_t(queue_.size()));
+  metrics_->SetQueueExpectedWait(double(work_.WaitUs()) / 1e6);
 }
 
 // Without mu_: runs each finished job's callback, then counts it answered (so Drain returns only once

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "admission.h"
 #include "cost.h"
 #include "metrics.h"
 #include "planner.h"
@@ -84,6 +85,10 @@ class Batcher {
     // What batches cost here: cost_aware plans with its table, and every successful run refines it.
     // Shared with whoever made it (a test reads it after Stop); guarded by mu_ while the batcher runs.
     std::shared_ptr<CostModel> cost;
+    // Admission by work (admission.h): refuse when the queued work exceeds this (0: no bound) or the
+    // caller's deadline; the rate starts at the seed (model us per real token, 0: unknown).
+    int64_t max_queue_wait_us = 0;
+    double seed_us_per_token = 0;
   };
   // `models`: one per worker, each run by its own batcher thread. `abort` (optional) makes the model
   // runs in progress fail; Stop uses it.
@@ -126,6 +131,9 @@ class Batcher {
   std::optional<Batch> NextBatchLocked(std::unique_lock<std::mutex>& lk, Answers* answers);
   std::vector<Waiting> WaitingLocked() const;
   Batch TakeBatchLocked(const std::vector<uint64_t>& ids, int64_t now_us);
+  // Removes a sequence from the queue (false when it is not there).
+  bool EraseLocked(uint64_t id);
+  void QueueChangedLocked();
   void FailLocked(std::shared_ptr<Job> job, const grpc::Status& why, const char* drop_reason, Answers* answers);
   void ScoredLocked(const Batch& b, const std::vector<float>& scores, double ms, Answers* answers);
   // Without mu_.
@@ -143,6 +151,7 @@ class Batcher {
   std::condition_variable work_cv_;  // for the batcher threads: a job arrived or was cancelled, work is left, stop
   std::condition_variable idle_cv_;  // for Drain: in_flight_ reached 0
   std::map<uint64_t, Queued> queue_;  // by sequence id, which is arrival order
+  QueueWork work_;                    // the queue's tokens and their model time
   uint64_t next_seq_id_ = 1;
   size_t in_flight_ = 0;  // accepted, callback not yet run
   bool accepting_ = true, stopping_ = false;

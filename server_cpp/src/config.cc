@@ -122,6 +122,9 @@ const std::map<std::string, Setter>& Setters() {
       {"--max-batch-tokens", [](Config& c, auto& f, auto& v) { c.max_batch_tokens = ParseInt(f, v, 1, INT64_C(1) << 40); }},
       {"--max-queue-delay-ms", [](Config& c, auto& f, auto& v) { c.max_queue_delay_ms = ParseNumber(f, v, 0); }},
       {"--max-queue-sequences", [](Config& c, auto& f, auto& v) { c.max_queue_sequences = ParseInt(f, v, 1, INT64_C(1) << 40); }},
+      {"--max-queue-wait-seconds", [](Config& c, auto& f, auto& v) {
+         c.max_queue_wait_seconds = ParseChannelSeconds(f, v, true);
+       }},
       {"--max-sequences-per-request", [](Config& c, auto& f, auto& v) {
          c.max_sequences_per_request = int(ParseInt(f, v, 1, 1 << 24));
        }},
@@ -291,6 +294,7 @@ std::string Usage() {
          "  --cost-profile-seconds 10 (the measuring budget)\n"
          "  --model-workers 1|N|auto (sessions in parallel, each with intra-op-threads / N threads; auto: measured)\n"
          "  --max-queue-delay-ms 2  --max-queue-sequences 4096  --max-sequences-per-request 1024\n"
+         "  --max-queue-wait-seconds 60 (refuse when the queued model time exceeds it; 0: no bound)\n"
          "  --max-request-bytes 16777216  --intra-op-threads 2  --inter-op-threads 1\n"
          "  --graph-optimization-level disable|basic|extended|all  --precision fp32|int8\n"
          "  --device cpu|cuda  --drain-grace-seconds 30  --warmup-rounds 1\n"

@@ -25,6 +25,9 @@ struct Config {
   int64_t max_batch_tokens = 8192;
   double max_queue_delay_ms = 2;
   int64_t max_queue_sequences = 4096;
+  // Admission by work (admission.h): refused RESOURCE_EXHAUSTED when the model time queued ahead
+  // exceeds this. 0: no bound (deadlines are still checked).
+  double max_queue_wait_seconds = 60;
   int max_sequences_per_request = 1024;
   int64_t max_request_bytes = 16777216;
   int intra_op_threads = 2;

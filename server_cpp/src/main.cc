@@ -261,7 +261,22 @@ void SelfCheck(ModelRunner& runner, const Manifest& manifest, const Config& cfg)
 struct Loaded {
   Workers workers;                  // empty: a stop signal came first
   std::shared_ptr<CostModel> cost;  // nullptr: not planned with (see MakeCostModel)
+  double seed_us_per_token = 0;     // admission's first rate (WorkSeed)
 };
+
+// Admission's first rate (admission.h), model microseconds per token: one batch of the warm-up's
+// shape timed once; the batches served refine it from the first one on. As server_py's _work_seed.
+double WorkSeed(ModelRunner& runner, const Config& cfg, const Manifest& manifest) {
+  PackedBatch b;
+  b.batch = std::min<int64_t>(8, cfg.max_batch_size);
+  b.longest = std::min<int64_t>(64, manifest.max_sequence_length);
+  b.input_ids.assign(size_t(b.batch * b.longest), 1);
+  b.attention_mask.assign(size_t(b.batch * b.longest), 1);
+  b.real_tokens = b.batch * b.longest;
+  const Clock::time_point t = Clock::now();
+  runner.Run(b);
+  return std::chrono::duration<double, std::micro>(Clock::now() - t).count() / double(b.real_tokens);
+}
 
 // Starts the model workers (the count in *identity: the flag's, or a loaded profile's; measured for
 // auto), warms them up, measures the cost table on the first (unless `profiled` has it) and
@@ -279,7 +294,8 @@ Loaded LoadModel(const Config& cfg, const Manifest& manifest, const sigset_t& si
   if (StopPending(signals)) return {};
   SelfCheck(*workers[0], manifest, cfg);
   if (StopPending(signals)) return {};
-  return {std::move(workers), std::move(cost)};
+  const double seed = WorkSeed(*workers[0], cfg, manifest);
+  return {std::move(workers), std::move(cost), seed};
 }
 
 // Serves until SIGTERM/SIGINT, then drains: accepted work may run until the grace less the shutdown
@@ -291,6 +307,8 @@ void ServeAndDrain(const Config& cfg, const Manifest& manifest, const Loaded& lo
   bopts.max_queue_sequences = cfg.max_queue_sequences;
   bopts.pad_token_id = manifest.pad_token_id;
   bopts.cost = loaded.cost;
+  bopts.max_queue_wait_us = int64_t(cfg.max_queue_wait_seconds * 1e6);
+  bopts.seed_us_per_token = loaded.seed_us_per_token;
   std::vector<BatchModel> models;
   for (const auto& w : loaded.workers) {
     ModelRunner* model = w.get();

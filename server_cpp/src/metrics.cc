@@ -188,6 +188,9 @@ void Metrics::SequencesDropped(const std::string& reason, int64_t n) {
   Family(counters_, "rmscore_sequences_dropped_total").Add({{"reason", reason}}).Increment(double(n));
 }
 
+void Metrics::SetQueueExpectedWait(double seconds) {
+  Family(gauges_, "rmscore_queue_expected_wait_seconds").Add({}).Set(seconds);
+}
 void Metrics::SetQueueCapacity(int64_t n) { Family(gauges_, "rmscore_queue_capacity_sequences").Add({}).Set(double(n)); }
 
 void Metrics::BatchRan(double seconds, int64_t size, double padding_ratio) {

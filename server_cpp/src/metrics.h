@@ -38,6 +38,7 @@ class Metrics {
   void QueueWait(double s) { queue_wait_->Observe(s); }
   void BatchRan(double seconds, int64_t size, double padding_ratio);
   void SetQueueDepth(int64_t n) { queue_depth_->Set(double(n)); }
+  void SetQueueExpectedWait(double seconds);
   void SetQueueCapacity(int64_t n);
   void InFlight(int delta) { in_flight_->Increment(double(delta)); }
 

@@ -63,12 +63,15 @@ struct Harness {
 
   // FIFO batching, or cost_aware with `cost`; `workers` model workers, all this stand-in.
   explicit Harness(int64_t max_batch_size, int64_t delay_us = 0, int64_t max_queue = 4096,
-                   std::shared_ptr<CostModel> cost = nullptr, int workers = 1) {
+                   std::shared_ptr<CostModel> cost = nullptr, int workers = 1, int64_t max_wait_us = 0,
+                   double seed = 0) {
     Batcher::Options o;
     o.planner = PlannerConfig{max_batch_size, 1 << 20, delay_us, cost ? BatchingMode::kCostAware : BatchingMode::kFifo};
     o.max_queue_sequences = max_queue;
     o.pad_token_id = 0;
     o.cost = std::move(cost);
+    o.max_queue_wait_us = max_wait_us;
+    o.seed_us_per_token = seed;
     const std::vector<BatchModel> models(size_t(workers), [this](const PackedBatch& b) { return Model(b); });
     batcher = std::make_unique<Batcher>(o, models, &metrics, [this] {
       aborted = true;
@@ -110,6 +113,7 @@ struct Harness {
         bool match = label.empty();
         for (const auto& l : m.label) match = match || l.value == label;
         if (!match) continue;
+        if (family.type == prometheus::MetricType::Gauge) return m.gauge.value;
         return family.type == prometheus::MetricType::Histogram ? double(m.histogram.sample_count) : m.counter.value;
       }
     }
@@ -249,6 +253,38 @@ TEST(Batcher, QueueFullIsRefusedAtOnceWithTheContractMessage) {
   h.batcher->Stop();          // the waiting one fails once
   EXPECT_EQ(Get(*a).status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(*b->calls, 0);
+}
+
+TEST(Batcher, QueuedWorkPastTheBoundOrTheDeadlineIsRefusedAtOnce) {
+  // A seeded rate (100 us per token) and the model held at the gate: the work queued is known exactly.
+  Harness h(/*max_batch_size=*/1, /*delay_us=*/0, /*max_queue=*/4096, nullptr, /*workers=*/1,
+            /*max_wait_us=*/1'000'000, /*seed=*/100.0);
+  h.gated = true;
+  auto running = Submit(*h.batcher, {std::vector<int64_t>(10, 1)});
+  ASSERT_TRUE(h.gate.WaitEntered(1));  // in the model, no longer queued
+  auto queued = Submit(*h.batcher, {std::vector<int64_t>(5000, 2)});  // 0.5 s of work ahead of whoever comes next
+  EXPECT_EQ(h.Read("rmscore_queue_expected_wait_seconds"), 0.5);
+  auto late = Submit(*h.batcher, {{3}}, Clock::now() + 200ms);
+  EXPECT_EQ(late->admitted.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(late->admitted.error_message().rfind(
+                "deadline exceeded before scoring: about 500 ms of model work waiting, ", 0), 0u)
+      << late->admitted.error_message();
+  auto fine = Submit(*h.batcher, {{4}}, Clock::now() + 30s);
+  auto more = Submit(*h.batcher, {std::vector<int64_t>(6000, 5)});  // 0.5001 s ahead of it: within the bound
+  EXPECT_TRUE(fine->admitted.ok());
+  EXPECT_TRUE(more->admitted.ok());
+  auto over = Submit(*h.batcher, {{6}});  // 1.1001 s ahead of it
+  EXPECT_EQ(over->admitted.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(over->admitted.error_message(),
+            "queue full: about 1100 ms of model work waiting exceeds max_queue_wait_seconds (1000 ms)");
+  h.gate.Open();
+  EXPECT_EQ(Get(*running).scores, std::vector<float>{1010});
+  EXPECT_EQ(Get(*queued).scores, std::vector<float>{7000});
+  EXPECT_EQ(Get(*fine).scores, std::vector<float>{4001});
+  EXPECT_EQ(Get(*more).scores, std::vector<float>{11000});
+  EXPECT_EQ(*late->calls, 0);
+  EXPECT_EQ(*over->calls, 0);
+  EXPECT_EQ(h.Read("rmscore_queue_expected_wait_seconds"), 0);  // the queue is empty again
 }
 
 TEST(Batcher, ExpiredSequencesNeverReachTheModel) {

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "admission.h"
 #include "planner.h"
 
 namespace rmscore {
@@ -72,6 +73,31 @@ TEST(CostTable, MatchesEverySharedQuery) {
     }
   }
   EXPECT_GE(checked, 27u);
+}
+
+// QueueWork (admission.h) against Python's reference: same codes, messages and expected waits.
+TEST(Admission, MatchesEverySharedVector) {
+  const json vectors = LoadVectors();
+  size_t checked = 0;
+  for (const json& c : vectors.at("admission")) {
+    QueueWork w(c.at("workers"), c.at("max_wait_us"), c.at("seed_us_per_token").get<double>());
+    for (const json& o : c.at("observe")) w.Observe(o.at(0).get<double>(), o.at(1).get<int64_t>());
+    w.Add(c.at("tokens"));
+    const grpc::Status r = w.Refusal(c.at("now_us"), OptInt(c.at("deadline_us")));
+    const json& e = c.at("expect");
+    const std::string name = c.at("name");
+    const std::string code = r.ok()                                                ? "OK"
+                             : r.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ? "RESOURCE_EXHAUSTED"
+                             : r.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED  ? "DEADLINE_EXCEEDED"
+                                                                                    : "other";
+    EXPECT_EQ(code, e.at("code").get<std::string>()) << name;
+    EXPECT_EQ(r.error_message(), e.at("message").get<std::string>()) << name;
+    EXPECT_EQ(w.WaitUs(), e.at("wait_us").get<int64_t>()) << name;
+    w.Remove(c.at("tokens"));
+    EXPECT_EQ(w.WaitUs(), 0) << name;
+    ++checked;
+  }
+  EXPECT_GE(checked, 11u);
 }
 
 TEST(Planner, CostAwareWithoutATableIsRefused) {

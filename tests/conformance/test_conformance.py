@@ -204,26 +204,76 @@ def _dropped_total(server) -> float:
         server.metrics_text(), re.M))
 
 
-def test_deadline_exceeded(server):
-    c = Caller(server)
+def _expected_wait_s(server) -> float:
+    m = re.search(r"^rmscore_queue_expected_wait_seconds\{[^}]*\} (\S+)$", server.metrics_text(), re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+class _Busy:
+    """One request of long sequences in a thread: the queue holds seconds of model work meanwhile."""
+
+    def __init__(self, server, n: int = 128):
+        self.caller = Caller(server)
+        self.thread = threading.Thread(target=self._run, args=(rand_seqs(n, 400, 500, seed=5),))
+        self.outcome = None
+        self.thread.start()
+        end = time.monotonic() + 30
+        while _expected_wait_s(server) < 0.5 and self.thread.is_alive() and time.monotonic() < end:
+            time.sleep(0.02)
+        self.wait_s = _expected_wait_s(server)
+
+    def _run(self, seqs):
+        try:
+            self.outcome = len(self.caller.score(tokens(seqs), timeout_s=300))
+        except CallError as e:
+            self.outcome = e
+
+    def join(self):
+        self.thread.join()
+        self.caller.close()
+        assert self.outcome == 128, self.outcome  # the work ahead was scored, whatever was refused
+
+
+def test_a_deadline_shorter_than_the_queued_work_is_refused_at_once(server):
+    """Admission by work (docs/contract.md): the server knows the model time queued ahead and refuses a
+    request that cannot be scored before its deadline at once, instead of holding it until it expires."""
+    busy = _Busy(server)
     try:
-        before = _dropped_total(server)
-        busy = threading.Thread(target=lambda: c.score(tokens(rand_seqs(64, 300, 400, seed=5)), timeout_s=300))
-        busy.start()
-        time.sleep(0.2)
+        assert busy.wait_s >= 0.5, f"the queue never held 0.5 s of work ({busy.wait_s} s)"
+        t0 = time.perf_counter()
         with pytest.raises(CallError) as e:
-            Caller(server).score(tokens(GOLDEN_IDS[:2]), timeout_s=0.05)
-        assert e.value.code == "DEADLINE_EXCEEDED"
+            Caller(server).score(tokens(GOLDEN_IDS[:1]), timeout_s=min(0.4, busy.wait_s / 2))
+        took = time.perf_counter() - t0
+        assert e.value.code == "DEADLINE_EXCEEDED" and "ms of model work waiting" in e.value.message, e.value
+        assert took < 0.3, took  # a fresh connection included
+        # A deadline with room for the work ahead is accepted and scored.
+        assert len(Caller(server).score(tokens(GOLDEN_IDS[:1]), timeout_s=busy.wait_s + 30)) == 1
+    finally:
         busy.join()
-        # The client's own deadline raises the error above whatever the server does; what the
-        # server must do is drop the two sequences (deadline passed, or the call was cancelled)
-        # instead of scoring them for nobody.
+
+
+def test_abandoned_sequences_are_dropped_before_the_model(server):
+    """A caller that gives up while its sequences wait: they leave the queue, counted, never scored."""
+    before = _dropped_total(server)
+    busy = _Busy(server)
+    try:
+        body = tokens(GOLDEN_IDS[:2])
+        if server.transport == "grpc":
+            from rmscore_loadtest.caller import score_request
+            with grpc.insecure_channel(server.target) as ch:
+                fut = pbg.RewardModelStub(ch).Score.future(score_request(body))  # no deadline
+                time.sleep(0.2)
+                assert fut.cancel()
+        else:
+            import httpx
+            with pytest.raises(httpx.ReadTimeout):  # no timeout_ms: the client just hangs up
+                httpx.post(server.base_url + "/rmscore/v1/score", json={"sequences": body}, timeout=0.3)
         end = time.monotonic() + 20
         while _dropped_total(server) < before + 2 and time.monotonic() < end:
             time.sleep(0.05)
         assert _dropped_total(server) >= before + 2
     finally:
-        c.close()
+        busy.join()
 
 
 # ---- model info, health, reflection, metrics ----------------------------------------------

@@ -55,7 +55,7 @@ class Harness:
     """The stand-in model and a FIFO batcher around it."""
 
     def __init__(self, max_batch_size: int, delay_us: int = 0, max_queue: int = 4096, mode: str = FIFO,
-                 cost: CostTable | None = None, workers: int = 1):
+                 cost: CostTable | None = None, workers: int = 1, max_wait_us: int = 0, seed: float = 0.0):
         self.metrics = Metrics("test", "v0")
         self.gate = Gate()
         self.gated = False  # set before the first submit
@@ -63,7 +63,7 @@ class Harness:
         self.aborted = False
         self.batches: list[list[int]] = []  # the first id of each sequence of each batch the model saw
         opts = Batcher.Options(PlannerConfig(max_batch_size, 1 << 20, delay_us, mode), max_queue, 0,
-                               CostModel(cost) if cost is not None else None)
+                               CostModel(cost) if cost is not None else None, max_wait_us, seed)
         self.batcher = Batcher(opts, [self.model] * workers, self.metrics, self.abort)
 
     def abort(self) -> None:
@@ -214,6 +214,30 @@ def test_queue_full_is_refused_at_once_with_the_contract_message():
     h.batcher.stop()  # the waiting one fails once
     assert code_of(a.get()) == Code.UNAVAILABLE
     assert b.calls == 0
+
+
+def test_queued_work_past_the_bound_or_the_deadline_is_refused_at_once():
+    # A seeded rate (100 us per token) and the model held at the gate: the work queued is known exactly.
+    h = Harness(max_batch_size=1, max_wait_us=1_000_000, seed=100.0)
+    h.gated = True
+    running = submit(h.batcher, [[1] * 10])
+    assert h.gate.wait_entered(1)  # in the model, no longer queued
+    queued = submit(h.batcher, [[2] * 5000])  # 0.5 s of model work ahead of whoever comes next
+    assert h.read("rmscore_queue_expected_wait_seconds") == 0.5
+    late = submit(h.batcher, [[3]], time.monotonic() + 0.2)
+    assert late.admitted.code == Code.DEADLINE_EXCEEDED
+    assert late.admitted.message.startswith("deadline exceeded before scoring: about 500 ms of model work waiting, ")
+    fine = submit(h.batcher, [[4]], time.monotonic() + 30)
+    more = submit(h.batcher, [[5] * 6000])  # 0.5001 s ahead of it: within the bound
+    assert (fine.admitted, more.admitted) == (None, None)
+    over = submit(h.batcher, [[6]])  # 1.1001 s ahead of it
+    assert over.admitted.code == Code.RESOURCE_EXHAUSTED
+    assert over.admitted.message == "queue full: about 1100 ms of model work waiting exceeds max_queue_wait_seconds (1000 ms)"
+    h.gate.open()
+    assert [s.get().scores for s in (running, queued, fine, more)] == [[1010], [7000], [4001], [11000]]
+    assert (late.calls, over.calls) == (0, 0)
+    assert h.read("rmscore_queue_expected_wait_seconds") == 0  # the queue is empty again
+    h.batcher.stop()
 
 
 def test_expired_sequences_never_reach_the_model():

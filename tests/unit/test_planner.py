@@ -38,3 +38,19 @@ def test_oldest_always_in_batch_when_dispatching():
 def test_cost_table_matches_vector(entry):
     table = CostTable.from_json(entry["table"])
     assert [[b, n, table.batch_us(b, n)] for b, n, _ in entry["queries"]] == entry["queries"]
+
+
+@pytest.mark.parametrize("case", VECTORS["admission"], ids=[c["name"] for c in VECTORS["admission"]])
+def test_admission_matches_vector(case):
+    from rmscore.core.admission import QueueWork
+
+    w = QueueWork(case["workers"], case["max_wait_us"])
+    w.us_per_token = case["seed_us_per_token"]
+    for batch_us, n in case["observe"]:
+        w.observe(batch_us, n)
+    w.add(case["tokens"])
+    r = w.refusal(case["now_us"], case["deadline_us"])
+    got = {"code": "OK" if r is None else r.code.name, "message": "" if r is None else r.message, "wait_us": w.wait_us()}
+    assert got == case["expect"]
+    w.remove(case["tokens"])
+    assert w.wait_us() == 0 and w.refusal(case["now_us"], case["deadline_us"]) is None  # empty again: accepted

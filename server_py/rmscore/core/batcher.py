@@ -23,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from rmscore.core.admission import QueueWork
 from rmscore.core.cost import CostModel
 from rmscore.core.errors import Code, ScoreError
 from rmscore.core.metrics import Metrics
@@ -103,6 +104,10 @@ class Batcher:
         pad_token_id: int = 0
         # What batches cost here (cost_aware plans with it; every run refines it). Guarded by _mu.
         cost: CostModel | None = None
+        # Admission by work (admission.py): refuse when the queued work exceeds this (0: no bound) or
+        # the caller's deadline; the rate starts at the seed (model us per real token, 0: unknown).
+        max_queue_wait_us: int = 0
+        seed_us_per_token: float = 0.0
 
     def __init__(self, opts: Options, model: BatchModel | list[BatchModel], metrics: Metrics,
                  abort: Callable[[], None] | None = None):
@@ -116,6 +121,8 @@ class Batcher:
         self._work_cv = threading.Condition(self._mu)  # for the batcher thread: a job arrived or was cancelled, stop
         self._idle_cv = threading.Condition(self._mu)  # for drain: _in_flight reached 0
         self._queue: dict[int, _Queued] = {}  # by sequence id, which is arrival order
+        self._work = QueueWork(len(models), opts.max_queue_wait_us)  # the queue's tokens and their model time
+        self._work.us_per_token = opts.seed_us_per_token
         self._next_seq_id = 1
         self._in_flight = 0  # accepted, callback not yet run
         self._accepting = True
@@ -133,21 +140,22 @@ class Batcher:
         with self._mu:
             if job.finished:  # cancelled before it was submitted
                 raise job.error
-            refused = self._refusal_locked(len(job.seqs))
+            arrival = _now_us()
+            if job.deadline_s is not None:
+                job.deadline_us = int(job.deadline_s * 1e6)
+            refused = self._refusal_locked(len(job.seqs)) or self._work.refusal(arrival, job.deadline_us)
             if refused is not None:
                 job.finished, job.error = True, refused  # never answered: a later cancel does nothing
                 raise refused
             job.accepted = True
             job.accepted_at = time.monotonic()
-            arrival = _now_us()
-            if job.deadline_s is not None:
-                job.deadline_us = int(job.deadline_s * 1e6)
             job.first_seq_id = self._next_seq_id
-            for i in range(len(job.seqs)):
+            for i, seq in enumerate(job.seqs):
                 self._queue[self._next_seq_id] = _Queued(job, i, arrival)
+                self._work.add(len(seq))
                 self._next_seq_id += 1
             self._in_flight += 1
-            self._metrics.set_queue_depth(len(self._queue))
+            self._queue_changed_locked()
             self._metrics.in_flight(+1)
             self._work_cv.notify()
 
@@ -250,11 +258,11 @@ class Batcher:
     def _take_batch_locked(self, ids: list[int], now_us: int) -> _Batch:
         """Precondition: _mu held. Removes `ids` from the queue and packs them (under _mu, as the C++
         batcher must: there the sequences are views into request messages). Their queue wait ends now."""
-        seqs = [self._queue.pop(seq_id) for seq_id in ids]
+        seqs = [self._pop_locked(seq_id) for seq_id in ids]
         for q in seqs:
             self._metrics.queue_wait((now_us - q.arrival_us) / 1e6)
         input_ids, mask = pad_batch([q.job.seqs[q.index] for q in seqs], self._opts.pad_token_id)
-        self._metrics.set_queue_depth(len(self._queue))
+        self._queue_changed_locked()
         return _Batch(seqs, input_ids, mask, 1.0 - float(mask.sum()) / mask.size)
 
     def _run(self, b: _Batch, model: BatchModel) -> None:
@@ -282,6 +290,9 @@ class Batcher:
                 error = _draining()
             if self._opts.cost is not None and error is None:
                 self._opts.cost.observe(len(b.seqs), b.input_ids.shape[1], ms / 1e3)
+            if error is None:
+                self._work.observe(ms * 1e3, int(b.attention_mask.sum()))
+                self._queue_changed_locked()
             self._scored_locked(b, scores, ms, answers)
             if error is not None:
                 # Each job of the batch fails once; its sequences still queued never reach the model.
@@ -320,10 +331,22 @@ class Batcher:
         if not job.accepted:
             return  # cancelled before submit, which refuses it with `why`
         answers.append(job)
-        dropped = sum(self._queue.pop(job.first_seq_id + i, None) is not None for i in range(len(job.seqs)))
-        self._metrics.set_queue_depth(len(self._queue))
+        dropped = sum(self._pop_locked(job.first_seq_id + i) is not None for i in range(len(job.seqs)))
+        self._queue_changed_locked()
         if drop_reason and dropped:
             self._metrics.sequences_dropped(drop_reason, dropped)
+
+    def _pop_locked(self, seq_id: int) -> _Queued | None:
+        """Precondition: _mu held. Removes a sequence from the queue (None when it is not there)."""
+        q = self._queue.pop(seq_id, None)
+        if q is not None:
+            self._work.remove(len(q.job.seqs[q.index]))
+        return q
+
+    def _queue_changed_locked(self) -> None:
+        """Precondition: _mu held. The queue's gauges follow it."""
+        self._metrics.set_queue_depth(len(self._queue))
+        self._metrics.set_queue_expected_wait(self._work.wait_us() / 1e6)
 
     def _answer(self, answers: list[Job]) -> None:
         """Without _mu: runs each finished job's callback, then counts it answered (so drain returns

@@ -103,6 +103,9 @@ class ServeConfig:
     max_batch_tokens: int = 8192
     max_queue_delay_ms: float = 2.0
     max_queue_sequences: int = 4096
+    #: Admission by work (core/admission.py): a request is refused RESOURCE_EXHAUSTED at once when the
+    #: model time already queued ahead of it exceeds this. 0: no bound (deadlines are still checked).
+    max_queue_wait_seconds: float = 60.0
     max_sequences_per_request: int = 1024
     max_request_bytes: int = 16 * 1024 * 1024
     intra_op_threads: int = 2
@@ -192,6 +195,8 @@ class ServeConfig:
                             ("warmup-rounds", self.warmup_rounds)):
             check(value >= 1, flag, "must be >= 1", value)
         check(self.max_queue_delay_ms >= 0, "max-queue-delay-ms", "must be >= 0", self.max_queue_delay_ms)
+        check(0 <= self.max_queue_wait_seconds <= MAX_CHANNEL_SECONDS, "max-queue-wait-seconds",
+              f"must be >= 0 and <= {MAX_CHANNEL_SECONDS}", self.max_queue_wait_seconds)
         check(self.drain_grace_seconds > 0, "drain-grace-seconds", "must be > 0", self.drain_grace_seconds)
         check(self.model_workers <= self.intra_op_threads, "model-workers",
               f"each worker needs an intra-op thread: must be <= --intra-op-threads ({self.intra_op_threads})",
@@ -279,7 +284,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  "warmup_rounds", "max_concurrent_streams", "max_stream_items_in_flight",
                  "max_buffered_request_bytes"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=d[name].default, help="(default: %(default)s)")
-    for name in ("max_queue_delay_ms", "drain_grace_seconds", "max_connection_age_seconds",
+    for name in ("max_queue_delay_ms", "max_queue_wait_seconds", "drain_grace_seconds", "max_connection_age_seconds",
                  "max_connection_age_grace_seconds", "cost_profile_seconds", "body_timeout_seconds"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=d[name].default, help="(default: %(default)s)")
     for name in ("batching", "graph_optimization_level", "precision", "device"):
@@ -312,6 +317,7 @@ def from_args(a: argparse.Namespace) -> ServeConfig:
         metrics_port=a.metrics_port, port_file=pathlib.Path(a.port_file) if a.port_file else None,
         batching=a.batching, max_batch_size=a.max_batch_size, max_batch_tokens=a.max_batch_tokens,
         max_queue_delay_ms=a.max_queue_delay_ms, max_queue_sequences=a.max_queue_sequences,
+        max_queue_wait_seconds=a.max_queue_wait_seconds,
         max_sequences_per_request=a.max_sequences_per_request, max_request_bytes=a.max_request_bytes,
         intra_op_threads=a.intra_op_threads, inter_op_threads=a.inter_op_threads,
         graph_optimization_level=a.graph_optimization_level, precision=a.precision, device=a.device,

@@ -65,6 +65,9 @@ class Metrics:
     def set_queue_depth(self, n: int) -> None:
         self._child("rmscore_queue_depth").set(n)
 
+    def set_queue_expected_wait(self, seconds: float) -> None:
+        self._child("rmscore_queue_expected_wait_seconds").set(seconds)
+
     def set_queue_capacity(self, n: int) -> None:
         self._child("rmscore_queue_capacity_sequences").set(n)
 

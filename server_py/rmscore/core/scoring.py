@@ -87,6 +87,7 @@ class ScoringCore:
                 for backend in self.backends:
                     backend.warmup(self.cfg.max_batch_size, self.repo.max_sequence_length)
             cost = self._cost_model()
+            seed = self._work_seed()
             diff = runtimes.self_check(self.backend, self.repo, self.cfg.precision)
             runtimes.progress(f"self-check passed: max abs diff {diff:.2e} against the golden scores")
             self._baseline_recompiles = self.backend.recompiles()
@@ -100,7 +101,8 @@ class ScoringCore:
                 return
             # No abort hook: neither backend can interrupt a run (stop() says what that means).
             self.batcher = Batcher(Batcher.Options(self.cfg.planner, self.cfg.max_queue_sequences,
-                                                   self.repo.pad_token_id, cost),
+                                                   self.repo.pad_token_id, cost,
+                                                   int(self.cfg.max_queue_wait_seconds * 1e6), seed),
                                    [self._scorer(b) for b in self.backends], self.metrics)
             self._set_state(SERVING)
         runtimes.progress(f"ready: SERVING after {time.perf_counter() - t0:.1f} s")
@@ -129,6 +131,15 @@ class ScoringCore:
             runtimes.progress(f"cost profile loaded from {self.cfg.cost_profile}")
         runtimes.progress(cost_profile.describe(self.cost_table))
         return CostModel(self.cost_table)
+
+    def _work_seed(self) -> float:
+        """Admission's first rate (core/admission.py), model microseconds per token: one batch of the
+        warm-up's shape timed once; the batches served refine it from the first one on."""
+        b, n = min(8, self.cfg.max_batch_size), min(64, self.repo.max_sequence_length)
+        ids = np.full((b, n), min(1000, self.repo.vocab_size - 1), np.int64)
+        t = time.perf_counter()
+        self.backend.score(ids, np.ones((b, n), np.int64))
+        return (time.perf_counter() - t) * 1e6 / (b * n)
 
     def _scorer(self, backend):
         """The batcher's model for one worker: scores, and counts graphs compiled after warm-up."""

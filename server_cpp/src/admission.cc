@@ -1,0 +1,33 @@
+#include "admission.h"
+
+#include <string>
+
+namespace rmscore {
+
+void QueueWork::Observe(double batch_us, int64_t tokens) {
+  if (tokens <= 0 || batch_us <= 0) return;
+  const double rate = batch_us / double(tokens);
+  us_per_token_ = us_per_token_ == 0 ? rate : us_per_token_ + kAlpha * (rate - us_per_token_);
+}
+
+int64_t QueueWork::WaitUs() const { return int64_t(double(tokens_) * us_per_token_ / double(workers_)); }
+
+grpc::Status QueueWork::Refusal(int64_t now_us, std::optional<int64_t> deadline_us) const {
+  const int64_t wait = WaitUs();
+  if (wait <= 0) return grpc::Status::OK;
+  if (max_wait_us_ > 0 && wait > max_wait_us_) {
+    return {grpc::StatusCode::RESOURCE_EXHAUSTED, "queue full: about " + std::to_string(wait / 1000) +
+                                                      " ms of model work waiting exceeds max_queue_wait_seconds (" +
+                                                      std::to_string(max_wait_us_ / 1000) + " ms)"};
+  }
+  if (deadline_us && wait > *deadline_us - now_us) {
+    const int64_t left = *deadline_us - now_us;
+    return {grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded before scoring: about " +
+                                                     std::to_string(wait / 1000) + " ms of model work waiting, " +
+                                                     std::to_string((left > 0 ? left : 0) / 1000) +
+                                                     " ms left before the deadline"};
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace rmscore

@@ -1,0 +1,69 @@
+"""Admission by expected work: how long the queue will keep the model busy, and who to refuse for it.
+
+`max_queue_sequences` counts sequences, and a sequence of 512 tokens costs ~20x one of 32 here, so
+a full queue can hold minutes of model time while a one-sequence request waits behind it (issue 20,
+item 5). `QueueWork` keeps the real tokens of the queued sequences and a rate, model microseconds
+per real token, learnt from every batch the server runs (an exponential average, so padding and
+batch sizes as this server actually runs them are in it) and seeded by a timed batch at warm-up.
+The expected wait of a new request is the queued tokens times the rate, shared among the model
+workers. A request is refused at once:
+
+- RESOURCE_EXHAUSTED (`queue full: ...`, the client's Overloaded, retried with backoff) when that
+  wait exceeds `--max-queue-wait-seconds`;
+- DEADLINE_EXCEEDED (`deadline exceeded before scoring: ...`) when it exceeds the time its deadline
+  leaves: it would expire in the queue anyway, after holding its caller for nothing.
+
+Only the work ahead counts, never the request's own: an idle server accepts any valid request (the
+sequence limits still apply). server_cpp/src/admission.{h,cc} is this file in C++, same rule and
+messages; contract/batching_vectors.json's "admission" cases hold both to it.
+"""
+
+from __future__ import annotations
+
+from rmscore.core.errors import Code, ScoreError
+
+
+class QueueWork:
+    """Not thread-safe: the batcher holds its lock around every call."""
+
+    #: Weight of one observed batch in the rate: about the last 5 batches count.
+    ALPHA = 0.2
+
+    def __init__(self, workers: int, max_wait_us: int):
+        """`max_wait_us` 0: no bound by work (deadlines are still checked)."""
+        self.workers = max(1, workers)
+        self.max_wait_us = max_wait_us
+        self.tokens = 0  # real tokens of the sequences in the queue
+        self.us_per_token = 0.0  # 0 until seeded or observed: nothing is refused by work before
+
+    def add(self, tokens: int) -> None:
+        self.tokens += tokens
+
+    def remove(self, tokens: int) -> None:
+        self.tokens -= tokens
+
+    def observe(self, batch_us: float, tokens: int) -> None:
+        """A batch holding `tokens` real tokens ran in `batch_us` (the first observation sets the rate)."""
+        if tokens <= 0 or batch_us <= 0:
+            return
+        rate = batch_us / tokens
+        self.us_per_token = rate if self.us_per_token == 0 else self.us_per_token + self.ALPHA * (rate - self.us_per_token)
+
+    def wait_us(self) -> int:
+        """Expected model time, per worker, of what is queued: what a request arriving now waits."""
+        return int(self.tokens * self.us_per_token / self.workers)
+
+    def refusal(self, now_us: int, deadline_us: int | None) -> ScoreError | None:
+        """Why a request arriving at `now_us` (deadline `deadline_us`, same clock) is refused, or None."""
+        wait = self.wait_us()
+        if wait <= 0:
+            return None
+        if self.max_wait_us > 0 and wait > self.max_wait_us:
+            return ScoreError(Code.RESOURCE_EXHAUSTED,
+                              f"queue full: about {wait // 1000} ms of model work waiting exceeds "
+                              f"max_queue_wait_seconds ({self.max_wait_us // 1000} ms)")
+        if deadline_us is not None and wait > deadline_us - now_us:
+            return ScoreError(Code.DEADLINE_EXCEEDED,
+                              f"deadline exceeded before scoring: about {wait // 1000} ms of model work waiting, "
+                              f"{max(0, deadline_us - now_us) // 1000} ms left before the deadline")
+        return None
