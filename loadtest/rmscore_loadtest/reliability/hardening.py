@@ -147,6 +147,7 @@ def _transport(server, args, log: _Log) -> dict:
         fig = {"stalled": transport.stalled_bodies(server, connections=args.stall_connections,
                                                    body_bytes=int(args.stall_mib * (1 << 20))),
                "flood": transport.stream_flood(server, items=args.flood_items),
+               "work": transport.work_flood(server),
                "framing": transport.framing(server)}
         if server.transport == "grpc":
             fig["pings"] = transport.ping_flood(server, pings=args.pings)
@@ -306,6 +307,12 @@ def _transport_tables(record: dict, table) -> None:
           lambda t: ["not run (HTTP)"] + [""] * 6 if "not_run" in t["flood"] else
           [f"{t['flood']['stream_answers']:,} ({t['flood']['stream_errors']:,})", t["flood"]["stream_end"],
            *probe_cells(t["flood"]), _f(t["flood"]["probe_max_ms"])])
+    table("A queue bounded by work: 8 clients sending requests of 128 sequences of 512 tokens back to back "
+          "for 8 s (deadline 13 s), probes (2 s deadline) meanwhile", "transport",
+          ["flood answers", "most work queued s", *probes, "slowest probe ms"],
+          lambda t: ["not run"] + [""] * 6 if "work" not in t else
+          [", ".join(f"{k} {v}" for k, v in sorted(t["work"]["flood_codes"].items())),
+           _f(t["work"]["max_expected_wait_s"], 1), *probe_cells(t["work"]), _f(t["work"]["probe_max_ms"])])
     table(f"HTTP/2 PING flood ({st.get('pings'):,} PINGs, no call open) and framing", "transport",
           ["pings written", "server CPU s", "GOAWAY", "HTTP CL+TE status", "closed", "2nd request served",
            "malformed grpc-timeout"],

@@ -184,10 +184,10 @@ def ping_flood(server, pings: int = 50_000, batch: int = 1000, wait_s: float = 5
 # ---- stalled bodies ------------------------------------------------------------------------
 
 def _stall_http(port: int, body_bytes: int, timeout_s: float, send_bytes: int | None = None) -> socket.socket:
-    """A POST /v1/score announcing `body_bytes` and sending `send_bytes` of it (default: all but the
+    """A POST /rmscore/v1/score announcing `body_bytes` and sending `send_bytes` of it (default: all but the
     last byte). A server that refuses and closes meanwhile ends the sending, not the caller."""
     s = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
-    s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /rmscore/v1/score HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n" % body_bytes)
     chunk = b" " * (1 << 16)
     left = body_bytes - 1 if send_bytes is None else send_bytes
@@ -333,6 +333,57 @@ def stream_flood(server, *, items: int = 200_000, seconds: float = 6.0, probe_in
     return {**out, **prober.figures()}
 
 
+def _expected_wait_s(server) -> float:
+    import re
+
+    m = re.search(r"^rmscore_queue_expected_wait_seconds\{[^}]*\} (\S+)$", server.metrics_text(), re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def _work_sender(server, seqs: list[list[int]], until: float, deadline_s: float, codes: dict, lock) -> None:
+    c = caller.Caller.to(server, timeout_s=deadline_s)
+    try:
+        while time.monotonic() < until:
+            code, _ = _probe_score(c, seqs, timeout_s=deadline_s)
+            with lock:
+                codes[code] = codes.get(code, 0) + 1
+            if code != "OK":
+                time.sleep(0.05)  # refused at once: do not spin
+    finally:
+        c.close()
+
+
+def work_flood(server, *, senders: int = 8, seqs: int = 128, length: int = 512, seconds: float = 8.0,
+               probe_interval_s: float = 0.5) -> dict:
+    """`senders` clients sending requests of `seqs` sequences of `length` tokens back to back for
+    `seconds` (the issue's 4,000 sequences of 512 tokens, in requests the limits allow), each with a
+    deadline of `seconds` + 5 s; probes meanwhile. The queue is bounded by work: a probe is answered or
+    refused at once (its 2 s deadline is shorter than the work ahead), never held until it times out."""
+    import random
+
+    rng = random.Random(7)
+    batch = [[rng.randrange(1000, 30000) for _ in range(length)] for _ in range(seqs)]
+    codes: dict[str, int] = {}
+    lock = threading.Lock()
+    until = time.monotonic() + seconds
+    threads = [threading.Thread(target=_work_sender, args=(server, batch, until, seconds + 5, codes, lock), daemon=True)
+               for _ in range(senders)]
+    for t in threads:
+        t.start()
+    max_wait = 0.0
+    with Prober(server, interval_s=probe_interval_s) as prober:
+        while time.monotonic() < until:
+            max_wait = max(max_wait, _expected_wait_s(server))
+            time.sleep(0.25)
+    for t in threads:
+        t.join(seconds + 15)
+    end = time.monotonic() + 30  # what was accepted drains before the next scenario
+    while _expected_wait_s(server) > 0 and time.monotonic() < end:
+        time.sleep(0.25)
+    return {"senders": senders, "seqs": seqs, "length": length, "flood_codes": codes,
+            "max_expected_wait_s": max_wait, **prober.figures()}
+
+
 def framing(server) -> dict:
     """HTTP: a request with both Content-Length and Transfer-Encoding, then a second request on the
     same connection: the answer's status and whether the second was served (RFC 9112: close). gRPC:
@@ -344,7 +395,7 @@ def framing(server) -> dict:
         got = grpc_call_raw("127.0.0.1", server.port, request.SerializeToString(), [("grpc-timeout", "1x")])
         return {"malformed_grpc_timeout_status": got.get("grpc-status"), "message": got.get("grpc-message")}
     body = b'{"sequences": [{"tokens": [101, 102]}]}'
-    raw = (b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    raw = (b"POST /rmscore/v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
            b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
            b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n") % (len(body), len(body), body)
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
