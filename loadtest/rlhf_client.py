@@ -318,7 +318,7 @@ class PyOrtUser(RolloutUser):
 
 
 class FastApiUser(RolloutUser):
-    """FastAPI server, ONNX Runtime (POST /v1/score)."""
+    """FastAPI server, ONNX Runtime (POST /rmscore/v1/score)."""
 
     target_option = "target_http"
 

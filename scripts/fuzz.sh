@@ -3,7 +3,7 @@
 #   scripts/fuzz.sh [seconds] [target ...]     seconds per target (default 20); targets:
 #     fuzz_cpp_validation  C++ server: ScoreRequest/ScoreStreamRequest parse -> validation -> packing (libFuzzer)
 #     fuzz_py_grpc         Python gRPC front end: protobuf decode -> validation (atheris)
-#     fuzz_py_http         FastAPI front end: JSON body of /v1/score and /get_reward (atheris)
+#     fuzz_py_http         FastAPI front end: JSON body of /rmscore/v1/score and /get_reward (atheris)
 # Seeds: tests/fuzz/corpus/; what a run learns accumulates in build/fuzz-corpus/<target>.
 # A crashing input is written to tests/fuzz/regressions/{cpp,py}/<target>/ (commit it:
 # tests/integration/test_fuzz.py replays every file there on each run). Prints one line per target,

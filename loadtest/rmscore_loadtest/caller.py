@@ -171,12 +171,12 @@ class Caller:
             raise CallError(e.code().name, e.details() or "") from None
 
     def post(self, body, raw: bytes | None = None, timeout_s: float = 120) -> dict:
-        """HTTP POST /v1/score of a JSON body (or raw bytes as JSON); the answer, or CallError."""
+        """HTTP POST /rmscore/v1/score of a JSON body (or raw bytes as JSON); the answer, or CallError."""
         import httpx
 
         try:
-            r = (self.http("POST", "/v1/score", raw, timeout_s=timeout_s) if raw is not None
-                 else self.http_client.post("/v1/score", json=body, timeout=timeout_s))
+            r = (self.http("POST", "/rmscore/v1/score", raw, timeout_s=timeout_s) if raw is not None
+                 else self.http_client.post("/rmscore/v1/score", json=body, timeout=timeout_s))
         except httpx.ConnectError as e:  # what gRPC calls UNAVAILABLE
             raise CallError("UNAVAILABLE", str(e)) from None
         if r.status_code != 200:

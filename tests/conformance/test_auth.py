@@ -134,7 +134,7 @@ def grpc_refusals(channel: grpc.Channel, metadata) -> list[grpc.RpcError]:
 def http_refusals(base_url: str, verify, headers: dict) -> list[httpx.Response]:
     body = {"sequences": [{"tokens": GOLDEN_IDS[0]}]}
     with httpx.Client(base_url=base_url, verify=verify, headers=headers, timeout=30) as h:
-        answers = [h.post("/v1/score", json=body), h.get("/v1/model"), h.get("/v1/tokenizer"),
+        answers = [h.post("/rmscore/v1/score", json=body), h.get("/v1/model"), h.get("/v1/tokenizer"),
                    h.post("/get_reward", json={"query": ["x"]}), h.get("/docs"), h.get("/openapi.json")]
     for r in answers:
         assert r.status_code == 401, (r.request.url, r.status_code, r.text)

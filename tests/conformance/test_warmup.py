@@ -84,7 +84,7 @@ def first_answer(health: Health, server: servers.RunningServer) -> str:
 def refusal(server: servers.RunningServer, caller: Caller) -> tuple[str, str, int | None]:
     """(code, message, HTTP status) of a Score call made now."""
     if server.transport == "http":
-        r = httpx.post(f"{server.base_url}/v1/score", json={"sequences": [{"tokens": GOLDEN_IDS[0]}]}, timeout=30)
+        r = httpx.post(f"{server.base_url}/rmscore/v1/score", json={"sequences": [{"tokens": GOLDEN_IDS[0]}]}, timeout=30)
         err = r.json().get("error", {}) if r.status_code != 200 else {}
         return err.get("code", "OK"), err.get("message", ""), r.status_code
     try:

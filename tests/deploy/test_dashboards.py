@@ -401,7 +401,7 @@ def drive(server: servers.RunningServer, seed: int, stop: threading.Event | None
         http = httpx.Client(base_url=server.base_url, timeout=30)
 
         def send(seqs: list[list[int]]) -> bool:
-            r = http.post("/v1/score", json={"sequences": [{"tokens": s} for s in seqs]})
+            r = http.post("/rmscore/v1/score", json={"sequences": [{"tokens": s} for s in seqs]})
             assert r.status_code in (200, 422), r.text
             return r.status_code == 200
 

@@ -1,6 +1,6 @@
 """Fuzz target: the FastAPI front end's JSON decoding and validation.
 
-Bytes are POSTed as the body of `/v1/score` and of `/get_reward` to the real app
+Bytes are POSTed as the body of `/rmscore/v1/score` and of `/get_reward` to the real app
 (`create_app` over the real core, behind the same body-size middleware `run` uses),
 in process through Starlette's TestClient, which re-raises any exception the app
 lets escape. The core is marked serving and its queue (`score_ids`, the batcher and
@@ -41,7 +41,7 @@ def client():
 
 def one_input(data: bytes) -> None:
     http = client()
-    for route in ("/v1/score", "/get_reward"):
+    for route in ("/rmscore/v1/score", "/get_reward"):
         r = http.post(route, content=data, headers={"content-type": "application/json"})
         body = r.json()
         if r.status_code == 200:

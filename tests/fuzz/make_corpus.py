@@ -3,7 +3,7 @@
     .venv/bin/python tests/fuzz/make_corpus.py
 
 corpus/proto/: ScoreRequest and ScoreStreamRequest wire bytes (fuzz_py_grpc and the
-C++ fuzz_cpp_validation); corpus/json/: /v1/score and /get_reward bodies (fuzz_py_http).
+C++ fuzz_cpp_validation); corpus/json/: /rmscore/v1/score and /get_reward bodies (fuzz_py_http).
 Seeds cover each branch of the contract's error table once, so that mutation starts
 next to every refusal rather than having to discover the message layout.
 """

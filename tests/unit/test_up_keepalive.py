@@ -78,13 +78,13 @@ def test_idle_connections_expire_before_the_servers_keep_alive(stub):
         blocking = caller.Caller("http", url, timeout_s=10)
         try:
             await measuring.score_ids([[1, 2, 3]])
-            await default.post("/v1/score", json=body)
+            await default.post("/rmscore/v1/score", json=body)
             blocking.score_ids([[1, 2, 3]])
             await asyncio.sleep(IDLE_S)
             out = {"measuring": (await measuring.score_ids([[4, 5]])).scores,
                    "blocking": blocking.score_ids([[4, 5]]).scores}
             with pytest.raises(httpx.TransportError):
-                await default.post("/v1/score", json=body)
+                await default.post("/rmscore/v1/score", json=body)
             return out
         finally:
             await measuring.close()

@@ -442,7 +442,7 @@ async def _cancel_round(server, reqs: list, cancel_after_s: float) -> dict:
         import httpx
 
         c = httpx.AsyncClient(base_url=server.base_url, timeout=120)
-        task = asyncio.create_task(c.post("/v1/score", json={"sequences": [{"tokens": s} for s in seqs]}))
+        task = asyncio.create_task(c.post("/rmscore/v1/score", json={"sequences": [{"tokens": s} for s in seqs]}))
         await asyncio.sleep(cancel_after_s)
         done = task.done()
         task.cancel()

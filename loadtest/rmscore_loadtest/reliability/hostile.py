@@ -50,7 +50,7 @@ HTTP only:
     and text: refused (the JSON schema is closed);
   - wrong or missing content-type, a body over max_request_bytes with and
     without Content-Length (chunked), a Content-Length that is not a number;
-  - GET / PUT / DELETE on /v1/score: 405;
+  - GET / PUT / DELETE on /rmscore/v1/score: 405;
   - Unicode escapes: valid ones (accents, a surrogate pair, \\u0000) scored, a
     lone surrogate refused; timeout_ms <= 0 refused, 1e308 accepted (no deadline).
 """
@@ -381,9 +381,9 @@ def _http_cases(limits, gids, gscores, ok, invalid) -> list[Case]:
     h("content-type text/plain", good, invalid(r"^body: "), headers={"content-type": "text/plain"})
     h("no content-type", good, invalid(r"^body: "), headers={"content-type": ""})
     for m in ("GET", "PUT", "DELETE"):
-        h(f"{m} /v1/score", good if m == "PUT" else None, Expect("HTTP_405"), method=m)
+        h(f"{m} /rmscore/v1/score", good if m == "PUT" else None, Expect("HTTP_405"), method=m)
     cases.append(Case("Content-Length not a number", "http", Expect("HTTP_400"),
-                      http_raw=b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      http_raw=b"POST /rmscore/v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                                b"Content-Length: abc\r\nConnection: close\r\n\r\n{}"))
     # Unicode escapes
     h("Unicode escapes", b'{"sequences": [{"prompt": "caf\\u00e9 \\ud83d\\ude00 \\u0000", "response": "\\u4e2d"}]}',
@@ -452,7 +452,7 @@ class _Target:
         import httpx
 
         try:
-            r = self.caller.http(method, "/v1/score", body, headers)
+            r = self.caller.http(method, "/rmscore/v1/score", body, headers)
         except httpx.TimeoutException as e:
             return "STALL", f"no answer in {self.timeout_s} s ({type(e).__name__})", None
         except httpx.HTTPError as e:

@@ -1,5 +1,5 @@
 """The HTTP side of `ScoreError`: the contract's JSON error body, written in one place for every
-HTTP route (/v1/score, /get_reward, the body-size and token checks). The gRPC side is
+HTTP route (/rmscore/v1/score, /get_reward, the body-size and token checks). The gRPC side is
 `context.abort(code.grpc, message)`; `Code` carries both statuses."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ sees another text format than the other samples. An empty `query` is answered wi
 
 A request larger than the queue is fed to it in parts of max_sequences_per_request as earlier
 parts finish (`score_in_parts`), and answered once. Errors use the same JSON shape and HTTP
-statuses as /v1/score (422, 429, 503, ...).
+statuses as /rmscore/v1/score (422, 429, 503, ...).
 """
 
 from __future__ import annotations

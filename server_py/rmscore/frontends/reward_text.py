@@ -11,7 +11,7 @@ per-server options (core/config.py, "framework text") bring it to the reward mod
   special tokens (the template writes its own); `model` takes `chat_template` from the model
   repository's hf/tokenizer_config.json.
 
-A pair without a template is `encode(prompt, response)`, the same as the /v1/score text path.
+A pair without a template is `encode(prompt, response)`, the same as the /rmscore/v1/score text path.
 """
 
 from __future__ import annotations
