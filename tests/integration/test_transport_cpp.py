@@ -23,9 +23,9 @@ import zlib
 import grpc
 import pytest
 
-import h2raw
 import servers
 from harness import GOLDEN_IDS, pb, pbg
+from rmscore_loadtest.reliability import h2raw
 
 pytestmark = pytest.mark.skipif("cpp-grpc" not in servers.available_kinds(), reason="cpp-grpc is not built")
 

@@ -75,64 +75,15 @@ class Prober:
                 "probe_max_ms": max((ms for _, ms in self.results), default=None)}
 
 
-# ---- raw HTTP/2 (gRPC) ---------------------------------------------------------------------
+# ---- raw HTTP/2 (gRPC): h2raw.py ---------------------------------------------------------
 
-def _h2(host: str, port: int, timeout_s: float):
-    import h2.config
-    import h2.connection
-
-    s = socket.create_connection((host, port), timeout=timeout_s)
-    c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
-    c.initiate_connection()
-    s.sendall(c.data_to_send())
-    return s, c
-
-
-def _grpc_headers(path: str, extra: list[tuple[str, str]] = ()) -> list[tuple[str, str]]:
-    return [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "127.0.0.1"),
-            ("content-type", "application/grpc"), ("te", "trailers"), *extra]
-
-
-def _pump(s: socket.socket, c, until) -> dict:
-    """Read frames until `until(events)` says done or the connection ends; the headers and trailers seen."""
-    import h2.events
-
-    seen: dict = {}
-    while True:
-        try:
-            data = s.recv(1 << 16)
-        except socket.timeout:
-            seen["timeout"] = True
-            return seen
-        if not data:
-            seen["closed"] = True
-            return seen
-        events = c.receive_data(data)
-        for e in events:
-            if isinstance(e, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
-                seen.update(dict(e.headers))
-            if isinstance(e, h2.events.ConnectionTerminated):
-                seen["goaway"] = e.error_code
-        s.sendall(c.data_to_send())
-        if until(events, seen):
-            return seen
-
-
-def grpc_call_raw(host: str, port: int, message: bytes, extra_headers: list[tuple[str, str]] = (),
+def grpc_call_raw(port: int, message: bytes, extra_headers: list[tuple[str, str]] = (),
                   path: str = SCORE_PATH, timeout_s: float = 10) -> dict:
     """One unary call with hand-made headers (what grpcio will not send, e.g. a malformed
-    grpc-timeout): {"grpc-status", "grpc-message", ...}."""
-    import h2.events
+    grpc-timeout): its response headers and trailers, {"grpc-status", "grpc-message", ...}."""
+    from rmscore_loadtest.reliability import h2raw
 
-    s, c = _h2(host, port, timeout_s)
-    try:
-        c.send_headers(1, _grpc_headers(path, list(extra_headers)))
-        c.send_data(1, b"\0" + struct.pack(">I", len(message)) + message, end_stream=True)
-        s.sendall(c.data_to_send())
-        return _pump(s, c, lambda evs, _: any(isinstance(e, (h2.events.StreamEnded, h2.events.StreamReset))
-                                               for e in evs))
-    finally:
-        s.close()
+    return h2raw.call(port, path, h2raw.grpc_frame(message), list(extra_headers), timeout_s).headers
 
 
 def _frames(s: socket.socket, seen: dict) -> None:
@@ -202,27 +153,15 @@ def _stall_http(port: int, body_bytes: int, timeout_s: float, send_bytes: int | 
 
 def _stall_grpc(port: int, body_bytes: int, timeout_s: float) -> socket.socket:
     """A Score call whose message announces `body_bytes` and gets all but its last byte, sent as
-    fast as the server's flow-control windows let it."""
-    import h2.events
+    fast as the server's flow-control windows let it; the connection stays open, as a stalled
+    client's would, even when the server refuses the call meanwhile."""
+    from rmscore_loadtest.reliability import h2raw
 
-    s, c = _h2("127.0.0.1", port, timeout_s)
-    c.send_headers(1, _grpc_headers(SCORE_PATH))
-    pending = b"\0" + struct.pack(">I", body_bytes) + b"\0" * (body_bytes - 1)
-    while pending:
-        n = min(len(pending), c.local_flow_control_window(1), c.max_outbound_frame_size)
-        if n > 0:
-            c.send_data(1, pending[:n])
-            pending = pending[n:]
-            s.sendall(c.data_to_send())
-            continue
-        data = s.recv(1 << 16)  # wait for a WINDOW_UPDATE
-        if not data:
-            break
-        for e in c.receive_data(data):
-            if isinstance(e, (h2.events.StreamReset, h2.events.StreamEnded, h2.events.ConnectionTerminated)):
-                pending = b""  # refused: stop sending, keep the connection as a stalled client would
-        s.sendall(c.data_to_send())
-    return s
+    conn = h2raw.Connection(port, timeout_s)
+    sid = conn.headers(SCORE_PATH)
+    message = struct.pack(">BI", 0, body_bytes) + b"\0" * (body_bytes - 1)
+    conn.send_body(sid, message, time.monotonic() + timeout_s, end_stream=False)
+    return conn.sock
 
 
 def _answered(s: socket.socket, transport: str) -> bool:
@@ -392,7 +331,7 @@ def framing(server) -> dict:
         from rmscore_client.v1 import reward_pb2
 
         request = reward_pb2.ScoreRequest(sequences=[reward_pb2.Sequence(tokens=reward_pb2.TokenIds(ids=PROBE_IDS[0]))])
-        got = grpc_call_raw("127.0.0.1", server.port, request.SerializeToString(), [("grpc-timeout", "1x")])
+        got = grpc_call_raw(server.port, request.SerializeToString(), [("grpc-timeout", "1x")])
         return {"malformed_grpc_timeout_status": got.get("grpc-status"), "message": got.get("grpc-message")}
     body = b'{"sequences": [{"tokens": [101, 102]}]}'
     raw = (b"POST /rmscore/v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

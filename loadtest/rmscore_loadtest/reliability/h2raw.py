@@ -1,6 +1,8 @@
-"""Raw HTTP/2 for the transport tests: gRPC requests whose headers and frames a gRPC client library
-will not send (a compressed message with its flag set by hand, any `grpc-timeout`, streams reset or
-PINGs sent as fast as the socket takes them), written with the `h2` package on a plain socket.
+"""Raw HTTP/2 for the transport attacks (transport.py, `rmscore hardening`) and their tests: gRPC
+requests whose headers and frames a gRPC client library will not send (a compressed message with its
+flag set by hand, any `grpc-timeout`, a body that stops before its end, streams reset as fast as the
+socket takes them), written with the `h2` package on a plain socket. The one raw HTTP/2 client of
+the repository; `h2` is a dev dependency, so import this module only where it is used.
 
 Loopback only, and every loop here is bounded by a count and a timeout.
 """
@@ -82,20 +84,29 @@ class Connection:
         self.flush()
         return events
 
-    def send_body(self, sid: int, body: bytes, deadline: float) -> None:
-        """Sends `body` on `sid` and ends the stream, as fast as the server's windows allow."""
+    def send_body(self, sid: int, body: bytes, deadline: float, end_stream: bool = True) -> bool:
+        """Sends `body` on `sid` as fast as the server's windows allow, then ends the stream (unless
+        not `end_stream`: a stalled client). False when the server refused the stream meanwhile
+        (RST_STREAM, its end, GOAWAY): the rest is not sent."""
         sent = 0
         while sent < len(body):
             room = min(self.h2.local_flow_control_window(sid), self.h2.max_outbound_frame_size, len(body) - sent)
             if room <= 0:
-                if time.monotonic() > deadline or not self.events():
+                if time.monotonic() > deadline:
                     raise TimeoutError(f"the server's window stayed shut after {sent} of {len(body)} bytes")
+                events = self.events()
+                if not events or self.goaway or any(
+                        isinstance(e, (h2.events.StreamReset, h2.events.StreamEnded)) and e.stream_id == sid
+                        for e in events):
+                    return False
                 continue
             self.h2.send_data(sid, body[sent:sent + room])
             sent += room
             self.flush()
-        self.h2.end_stream(sid)
-        self.flush()
+        if end_stream:
+            self.h2.end_stream(sid)
+            self.flush()
+        return True
 
     def wait_answer(self, sid: int, deadline: float) -> Answer:
         """Reads until `sid` ends (trailers, a reset, GOAWAY or the connection's end) or `deadline`."""
