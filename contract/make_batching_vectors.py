@@ -114,8 +114,7 @@ def admission_case(name, expect_code, *, workers=1, max_wait_us=60_000_000, seed
                    now_us=1_000_000, deadline_us=None):
     """One admission decision (core/admission.py), its message from the Python reference; the
     intended code is written by hand and checked here."""
-    w = QueueWork(workers, max_wait_us)
-    w.us_per_token = seed
+    w = QueueWork(workers, max_wait_us, seed)
     for batch_us, n in observe:
         w.observe(batch_us, n)
     w.add(tokens)

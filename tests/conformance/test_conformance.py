@@ -25,6 +25,7 @@ import servers
 from harness import GOLDEN_IDS, GOLDEN_SCORES, MANIFEST, MAX_LEN, ROOT, VOCAB, Caller, CallError, pb, pbg
 from rmscore.core.metrics import SPEC
 from rmscore.model.modeling import pad_batch
+from rmscore_loadtest.reliability.transport import expected_wait_s
 
 KINDS = servers.available_kinds()
 # Limits small enough that the overload test can fill the queue.
@@ -204,11 +205,6 @@ def _dropped_total(server) -> float:
         server.metrics_text(), re.M))
 
 
-def _expected_wait_s(server) -> float:
-    m = re.search(r"^rmscore_queue_expected_wait_seconds\{[^}]*\} (\S+)$", server.metrics_text(), re.M)
-    return float(m.group(1)) if m else 0.0
-
-
 class _Busy:
     """One request of long sequences in a thread: the queue holds seconds of model work meanwhile.
     Its own deadline (BUSY_S) ends it soon after, so the test does not wait for all of it to be scored."""
@@ -222,9 +218,9 @@ class _Busy:
         self.outcome = None
         self.thread.start()
         end = time.monotonic() + 30
-        while _expected_wait_s(server) < 0.5 and self.thread.is_alive() and time.monotonic() < end:
+        while expected_wait_s(server) < 0.5 and self.thread.is_alive() and time.monotonic() < end:
             time.sleep(0.02)
-        self.wait_s = _expected_wait_s(server)
+        self.wait_s = expected_wait_s(server)
 
     def _run(self, seqs):
         try:

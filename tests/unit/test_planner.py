@@ -44,8 +44,7 @@ def test_cost_table_matches_vector(entry):
 def test_admission_matches_vector(case):
     from rmscore.core.admission import QueueWork
 
-    w = QueueWork(case["workers"], case["max_wait_us"])
-    w.us_per_token = case["seed_us_per_token"]
+    w = QueueWork(case["workers"], case["max_wait_us"], case["seed_us_per_token"])
     for batch_us, n in case["observe"]:
         w.observe(batch_us, n)
     w.add(case["tokens"])

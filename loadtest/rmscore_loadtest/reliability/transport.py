@@ -272,7 +272,8 @@ def stream_flood(server, *, items: int = 200_000, seconds: float = 6.0, probe_in
     return {**out, **prober.figures()}
 
 
-def _expected_wait_s(server) -> float:
+def expected_wait_s(server) -> float:
+    """The server's rmscore_queue_expected_wait_seconds (0 when absent)."""
     import re
 
     m = re.search(r"^rmscore_queue_expected_wait_seconds\{[^}]*\} (\S+)$", server.metrics_text(), re.M)
@@ -312,12 +313,12 @@ def work_flood(server, *, senders: int = 8, seqs: int = 128, length: int = 512, 
     max_wait = 0.0
     with Prober(server, interval_s=probe_interval_s) as prober:
         while time.monotonic() < until:
-            max_wait = max(max_wait, _expected_wait_s(server))
+            max_wait = max(max_wait, expected_wait_s(server))
             time.sleep(0.25)
     for t in threads:
         t.join(seconds + 15)
     end = time.monotonic() + 30  # what was accepted drains before the next scenario
-    while _expected_wait_s(server) > 0 and time.monotonic() < end:
+    while expected_wait_s(server) > 0 and time.monotonic() < end:
         time.sleep(0.25)
     return {"senders": senders, "seqs": seqs, "length": length, "flood_codes": codes,
             "max_expected_wait_s": max_wait, **prober.figures()}

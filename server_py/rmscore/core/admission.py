@@ -29,12 +29,12 @@ class QueueWork:
     #: Weight of one observed batch in the rate: about the last 5 batches count.
     ALPHA = 0.2
 
-    def __init__(self, workers: int, max_wait_us: int):
+    def __init__(self, workers: int, max_wait_us: int, seed_us_per_token: float = 0.0):
         """`max_wait_us` 0: no bound by work (deadlines are still checked)."""
         self.workers = max(1, workers)
         self.max_wait_us = max_wait_us
         self.tokens = 0  # real tokens of the sequences in the queue
-        self.us_per_token = 0.0  # 0 until seeded or observed: nothing is refused by work before
+        self.us_per_token = seed_us_per_token  # 0 until seeded or observed: nothing is refused by work before
 
     def add(self, tokens: int) -> None:
         self.tokens += tokens

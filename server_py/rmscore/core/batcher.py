@@ -121,8 +121,8 @@ class Batcher:
         self._work_cv = threading.Condition(self._mu)  # for the batcher thread: a job arrived or was cancelled, stop
         self._idle_cv = threading.Condition(self._mu)  # for drain: _in_flight reached 0
         self._queue: dict[int, _Queued] = {}  # by sequence id, which is arrival order
-        self._work = QueueWork(len(models), opts.max_queue_wait_us)  # the queue's tokens and their model time
-        self._work.us_per_token = opts.seed_us_per_token
+        # The queue's tokens and their model time.
+        self._work = QueueWork(len(models), opts.max_queue_wait_us, opts.seed_us_per_token)
         self._next_seq_id = 1
         self._in_flight = 0  # accepted, callback not yet run
         self._accepting = True
