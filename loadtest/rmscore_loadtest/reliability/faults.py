@@ -185,25 +185,46 @@ def kill_restart(server, *, sequences: int = 256, chunk_size: int = 8, max_concu
     t0 = time.perf_counter()
     rollout = _RetriedRollout(server, seqs, chunk_size, max_concurrency, kill_at_fraction * fig["chunks"],
                               restart_timeout_s + 120)
-    rollout.kill_now.wait(restart_timeout_s)
-    fig["answered_before_kill"] = len(rollout.answered)
-    fig["killed_mid_run"] = len(rollout.answered) < fig["chunks"] and "r" not in rollout.result
-    fig["in_flight_at_kill"] = metric_safe(server, "rmscore_requests_in_flight")
-    server.proc.send_signal(signal.SIGKILL)  # the PID this session started, nothing else
-    fig["killed_exit_code"] = server.proc.wait(30)
-    t_kill = time.perf_counter()
-    new = _restart(server, restart_timeout_s)
-    fig["restart_s"] = time.perf_counter() - t_kill
-    rollout.thread.join(restart_timeout_s + 180)
+    # The rollout's grpc.aio client runs on this thread and the kill/restart (sync gRPC only) on a
+    # helper. The other way round, the one grpc.aio loop on a helper thread in the test process, the
+    # process once died of a segfault in CI during this test; grpc.aio is built around one loop on
+    # the thread that drives it, so no helper thread here runs one.
+    restarted: dict = {}
+    killer = threading.Thread(target=_kill_then_restart, args=(server, rollout, fig, restart_timeout_s, restarted),
+                              daemon=True)
+    killer.start()
+    rollout.run(restart_timeout_s + 180)
+    killer.join(restart_timeout_s + 60)
+    if "error" in restarted:
+        raise restarted["error"]
+    new = restarted["server"]
     fig["rollout_s"] = time.perf_counter() - t0
     fig["same_port"] = new.port == server.port
     fig.update(_rollout_figures(rollout, want, fig["chunks"], tolerance))
     return fig, new
 
 
+def _kill_then_restart(server, rollout: "_RetriedRollout", fig: dict, restart_timeout_s: float, out: dict) -> None:
+    """On the helper thread: SIGKILL once `rollout.kill_now` is set, then the same server again on its
+    port; `out` gets "server" or "error" (and the rollout is told to give up, not retry forever)."""
+    try:
+        rollout.kill_now.wait(restart_timeout_s)
+        fig["answered_before_kill"] = len(rollout.answered)
+        fig["killed_mid_run"] = len(rollout.answered) < fig["chunks"] and not rollout.finished.is_set()
+        fig["in_flight_at_kill"] = metric_safe(server, "rmscore_requests_in_flight")
+        server.proc.send_signal(signal.SIGKILL)  # the PID this session started, nothing else
+        fig["killed_exit_code"] = server.proc.wait(30)
+        t_kill = time.perf_counter()
+        out["server"] = _restart(server, restart_timeout_s)
+        fig["restart_s"] = time.perf_counter() - t_kill
+    except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
+        out["error"] = e
+        rollout.abort.set()
+
+
 class _RetriedRollout:
-    """One rollout through rmscore_client with retries, on its own thread; `kill_now` is set once
-    `kill_after` chunks are answered (or the rollout ended)."""
+    """One rollout through rmscore_client with retries, run by `run()` on the calling thread;
+    `kill_now` is set once `kill_after` chunks are answered (or the rollout ended), `abort` ends it."""
 
     def __init__(self, server, seqs, chunk_size: int, max_concurrency: int, kill_after: float, timeout_s: float):
         from rmscore_client import AsyncHttpRewardClient, AsyncRewardClient, RetryPolicy
@@ -211,7 +232,7 @@ class _RetriedRollout:
         self.answered: dict[int, int] = {}
         self.attempts: list[int] = []
         self.result: dict = {}
-        self.kill_now = threading.Event()
+        self.kill_now, self.finished, self.abort = threading.Event(), threading.Event(), threading.Event()
         self.kill_after = kill_after
         cls = AsyncRewardClient if server.transport == "grpc" else AsyncHttpRewardClient
         # Retries for as long as a restart can take (the compile kind warms up for minutes).
@@ -219,8 +240,6 @@ class _RetriedRollout:
         self.make = lambda: cls(caller.target_of(server), chunk_size=chunk_size, max_concurrency=max_concurrency,
                                 timeout_s=timeout_s, retry=retry)
         self.seqs = seqs
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
 
     def _on_chunk(self, t) -> None:
         self.answered[t.offset] = self.answered.get(t.offset, 0) + 1
@@ -228,18 +247,25 @@ class _RetriedRollout:
         if len(self.answered) >= self.kill_after:
             self.kill_now.set()
 
-    async def _rollout(self):
+    async def _rollout(self, limit_s: float):
         c = self.make()
         try:
-            return await c.score_ids(self.seqs, on_chunk=self._on_chunk)
+            work = asyncio.ensure_future(c.score_ids(self.seqs, on_chunk=self._on_chunk))
+            end = time.monotonic() + limit_s
+            while not work.done():
+                await asyncio.wait([work], timeout=0.2)
+                if not work.done() and (self.abort.is_set() or time.monotonic() > end):
+                    work.cancel()
+            return await work
         finally:
             await c.close()
 
-    def _run(self) -> None:
+    def run(self, limit_s: float) -> None:
         try:
-            self.result["r"] = asyncio.run(self._rollout())
-        except Exception as e:  # noqa: BLE001
+            self.result["r"] = asyncio.run(self._rollout(limit_s))
+        except BaseException as e:  # noqa: BLE001 - CancelledError too: a figure, not a crash
             self.result["error"] = f"{loadgen.error_code(e)}: {e}"
+        self.finished.set()
         self.kill_now.set()
 
 
@@ -298,7 +324,7 @@ class _DrainWatch:
     def __init__(self, server, reqs: list, grace_s: float, probe_interval_s: float):
         self.server, self.reqs, self.grace_s, self.interval = server, reqs, grace_s, probe_interval_s
         self.results: list = [None] * len(reqs)
-        self.stop = threading.Event()
+        self.stop, self.signalled = threading.Event(), threading.Event()
         self.health: list[tuple[float, float, bool | None]] = []   # (sent, answered, serving)
         self.probes: list[tuple[float, float, str, str]] = []      # (sent, answered, code, detail)
         self.workers = [threading.Thread(target=self._heavy, args=(i,), daemon=True) for i in range(len(reqs))]
@@ -337,7 +363,11 @@ class _DrainWatch:
         with cf.ThreadPoolExecutor(64) as pool:
             while not self.stop.is_set():
                 pool.submit(once)
-                time.sleep(max(self.interval, 0.01))
+                # Until the signal a probe is accepted and waits behind the in-flight work: sent every
+                # 20 ms there, so on a slow machine they stay few (the in-flight 6 x 12 sequences plus
+                # them stay under the tests' 128-sequence queue: a RESOURCE_EXHAUSTED is not what the
+                # drain is tested for) and most of the 64 threads are free to probe after the signal.
+                time.sleep(max(self.interval, 0.01) if self.signalled.is_set() else 0.02)
         c.close()
 
     def join(self) -> None:
@@ -360,6 +390,7 @@ def drain(server, *, in_flight: int = 6, sequences_per_request: int = 12, length
         w.start()
     time.sleep(0.2)  # the watchers have seen the server serving
     t_sig = time.perf_counter()
+    watch.signalled.set()
     server.signal(signal.SIGTERM)
     try:
         code = server.proc.wait(grace_s + 60)
