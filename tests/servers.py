@@ -30,6 +30,15 @@ def available_kinds() -> list[str]:
     return wanted.split(",") if wanted else launch.built_kinds()
 
 
+def frontend_kinds() -> list[str]:
+    """`available_kinds()` less py-grpc-compile unless RMSCORE_TEST_KINDS names it: for tests of the
+    transports, batcher and process (faults, hostile input, TLS, connection age), where the compile
+    kind runs py-grpc-eager's frontend and core with another backend, so it would repeat eager's test
+    at the price of a compile warm-up (about a minute each here). The contract tests keep it."""
+    kinds = available_kinds()
+    return kinds if os.environ.get("RMSCORE_TEST_KINDS") else [k for k in kinds if k != "py-grpc-compile"]
+
+
 def command(kind: str, model: pathlib.Path = MODEL, **flags) -> list[str]:
     return launch.command(kind, **{"model": str(model), **TEST_FLAGS, **flags})
 

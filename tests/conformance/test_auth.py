@@ -84,9 +84,8 @@ def tls_flags(c: Creds) -> dict:
     return dict(tls_cert_file=c.cert, tls_key_file=c.key, auth_token_file=c.token_file)
 
 
-# TLS and tokens are the transports' (C++, Python gRPC, Python HTTP): the compile kind shares the Python
-# gRPC frontend with eager and onnxruntime, so it is left out to spare a compile warm-up (~60 s).
-TLS_KINDS = [k for k in KINDS if k != "py-grpc-compile"]
+# TLS and tokens are the transports' (C++, Python gRPC, Python HTTP).
+TLS_KINDS = servers.frontend_kinds()
 
 
 @pytest.fixture(scope="module", params=TLS_KINDS)

@@ -25,9 +25,8 @@ from harness import GOLDEN_IDS
 from rmscore.tools import launch
 from rmscore_client import AsyncRewardClient
 
-# The connection age is the gRPC frontend's: py-grpc-compile shares py-grpc-eager's and -onnxruntime's
-# (same frontend, another backend), so it is left out here to spare two compile warm-ups (~110 s).
-KINDS = [k for k in servers.available_kinds() if launch.transport(k) == "grpc" and k != "py-grpc-compile"]
+# The connection age is the gRPC frontend's.
+KINDS = [k for k in servers.frontend_kinds() if launch.transport(k) == "grpc"]
 NAME = "replicas.rmscore.test"
 AGE_S = 2.0
 

@@ -1,10 +1,9 @@
-"""Faults on every server kind, as real processes on loopback: overload, cancelling clients, SIGKILL
+"""Faults on every server kind but py-grpc-compile (servers.frontend_kinds), as real processes on loopback: overload, cancelling clients, SIGKILL
 and restart, SIGTERM drain, and a short soak (rmscore_loadtest.reliability.faults; docs/hardening.md).
 
 One server per kind serves the tests in file order: overload, cancel and soak share it, the
-kill/restart test replaces it with the restarted one, and the drain test ends it. The compile
-kind thus warms up twice in all. Sizes here are small; `rmscore hardening` runs the report's.
-RMSCORE_TEST_KINDS=cpp-grpc,py-http-onnxruntime narrows the kinds.
+kill/restart test replaces it with the restarted one, and the drain test ends it. Sizes here are small; `rmscore hardening` runs the report's.
+RMSCORE_TEST_KINDS=cpp-grpc,py-http-onnxruntime narrows the kinds (naming py-grpc-compile adds it).
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import pytest
 
 import servers
 from rmscore_loadtest.reliability import faults
-KINDS = servers.available_kinds()
+KINDS = servers.frontend_kinds()
 # A queue small enough that 4x the capacity overflows it within seconds.
 FLAGS = dict(max_queue_sequences=128, max_sequences_per_request=128, max_batch_size=16, drain_grace_seconds=60)
 SHORT = "lognormal:24:0.4:8:64"
