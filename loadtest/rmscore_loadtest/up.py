@@ -530,7 +530,11 @@ def up(args) -> int:
     def on_signal(signum, frame):
         raise KeyboardInterrupt
 
+    # SIGINT too: a process started in the background by a non-interactive shell inherits SIGINT
+    # ignored, and Python then installs no KeyboardInterrupt handler, so Ctrl-C (or a test's SIGINT)
+    # did nothing and `--keep-running` never stopped.
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     # A first guess of the wall time; replanned from the first server's measurement on.
     progress = Progress(60 + 30 * len(kinds) + args.duration_seconds + STOP_TIMEOUT_S / 2 + 20)
     clock = Clock()
