@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from rmscore.core.config import ServeConfig
 from rmscore.core.errors import UNAUTHENTICATED_MESSAGE, Code, ScoreError, bearer_matches
 from rmscore.core.validation import SeqInput
-from rmscore.frontends import openrlhf, reward_text, vllm_api
+from rmscore.frontends import json_body, openrlhf, reward_text, vllm_api
 from rmscore.core.scoring import SERVING, ScoringCore, write_port_file
 from rmscore.frontends.drain import Drain
 from rmscore.frontends.http_errors import error_response, refusal
@@ -86,6 +86,7 @@ def _drop_tracebacks(exc: BaseException) -> None:
 
 def create_app(core: ScoringCore) -> FastAPI:
     app = FastAPI(title="rmscore", description="Reward-model scoring (same contract as the gRPC servers)")
+    app.router.route_class = json_body.route_class()  # large bodies decode off the event loop
 
     @app.exception_handler(RequestValidationError)
     async def malformed(request: Request, exc: RequestValidationError):
