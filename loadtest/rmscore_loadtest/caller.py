@@ -142,7 +142,10 @@ class Caller:
         body = {"sequences": seqs, "truncation": truncation}
         if timeout_s is not None and timeout_s < 60:
             body["timeout_ms"] = timeout_s * 1000
-        return self.post(body, timeout_s=max(timeout_s or 120, 10))
+        # The server's deadline starts once it has the body, after the client's clock: the client waits
+        # 2 s longer, so the answer to a request that runs out its deadline is the server's
+        # DEADLINE_EXCEEDED, not the client's own read timeout racing it.
+        return self.post(body, timeout_s=max((timeout_s or 120) + 2, 10))
 
     def score_pb(self, request, timeout_s: float | None = None):
         """gRPC Score with a ScoreRequest, or with raw bytes sent as they are; the ScoreResponse."""
