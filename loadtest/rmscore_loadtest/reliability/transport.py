@@ -73,7 +73,8 @@ class Prober:
         return {"probes": len(self.results), "answered": sum(c == "OK" for c, _ in self.results),
                 "refused_fast": sum(c != "OK" and ms < FAST_REFUSAL_MS for c, ms in self.results),
                 "failed": len(bad), "probe_codes": codes,
-                "probe_max_ms": max((ms for _, ms in self.results), default=None)}
+                "probe_max_ms": max((ms for _, ms in self.results), default=None),
+                "probe_ms": [round(ms) for _, ms in self.results]}  # in the order sent
 
 
 # ---- raw HTTP/2 (gRPC): h2raw.py ---------------------------------------------------------
