@@ -264,12 +264,17 @@ struct Loaded {
   double seed_us_per_token = 0;     // admission's first rate (WorkSeed)
 };
 
-// Admission's first rate (admission.h), model microseconds per token: one batch of the warm-up's
-// shape timed once; the batches served refine it from the first one on. As server_py's _work_seed.
+// Admission's first rate (admission.h), model microseconds per token: one batch of sequences as long
+// as the model takes (up to kSeedLength) timed once; the batches served refine it from the first one
+// on. Long, because a token costs more in a long sequence: seeded from 64 tokens the rate was half
+// the real one while the first 512-token batches ran, and a probe admitted on it expired in the
+// queue. As server_py's _work_seed (its docstring says more).
+constexpr int64_t kSeedLength = 512;
+
 double WorkSeed(ModelRunner& runner, const Config& cfg, const Manifest& manifest) {
   PackedBatch b;
   b.batch = std::min<int64_t>(8, cfg.max_batch_size);
-  b.longest = std::min<int64_t>(64, manifest.max_sequence_length);
+  b.longest = std::min<int64_t>(kSeedLength, manifest.max_sequence_length);
   b.input_ids.assign(size_t(b.batch * b.longest), 1);
   b.attention_mask.assign(size_t(b.batch * b.longest), 1);
   b.real_tokens = b.batch * b.longest;

@@ -28,6 +28,8 @@ from rmscore.model.repository import ModelRepo, load_repo
 from rmscore.runtimes.workers import start_workers
 from rmscore.core.validation import Limits, SeqInput, Validator
 
+#: The sequence length of admission's first timed batch (_work_seed); server_cpp's kSeedLength.
+SEED_LENGTH = 512
 #: Requests with at least this many token ids are checked on a worker thread (~0.5 ms of checking).
 THREAD_VALIDATE_MIN_TOKENS = 8192
 
@@ -136,9 +138,13 @@ class ScoringCore:
         return CostModel(self.cost_table)
 
     def _work_seed(self) -> float:
-        """Admission's first rate (core/admission.py), model microseconds per token: one batch of the
-        warm-up's shape timed once; the batches served refine it from the first one on."""
-        b, n = min(8, self.cfg.max_batch_size), min(64, self.repo.max_sequence_length)
+        """Admission's first rate (core/admission.py), model microseconds per token: one batch of
+        sequences as long as the model takes (up to SEED_LENGTH) timed once; the batches served refine
+        it from the first one on. Long, because a token costs more in a long sequence (attention):
+        seeded from 64-token sequences, the rate was half the real one while the first 512-token
+        batches ran, and a probe admitted on it then expired in the queue (a 2.2 s answer to a 2 s
+        deadline, CI). Erring long refuses early a little too readily, for one or two batches."""
+        b, n = min(8, self.cfg.max_batch_size), min(SEED_LENGTH, self.repo.max_sequence_length)
         ids = np.full((b, n), min(1000, self.repo.vocab_size - 1), np.int64)
         t = time.perf_counter()
         self.backend.score(ids, np.ones((b, n), np.int64))
