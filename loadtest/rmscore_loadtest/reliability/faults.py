@@ -308,8 +308,13 @@ def metric_safe(server, name: str, **labels) -> float | None:
 def _probe_score(c: caller.Caller, seqs: list[list[int]], timeout_s: float = 120) -> tuple[str, str]:
     """(code, detail): ("OK", n scores) or the refusal's code and message. On HTTP, a call that got no
     answer at all (the listener gone) counts as UNAVAILABLE, as gRPC names it."""
+    return call_outcome(c, lambda: len(c.score_ids(seqs, timeout_s=timeout_s).scores))
+
+
+def call_outcome(c: caller.Caller, call) -> tuple[str, str]:
+    """(code, detail) of `call()`, which returns a count of scores: ("OK", that count) or the refusal's."""
     try:
-        return "OK", str(len(c.score_ids(seqs, timeout_s=timeout_s).scores))
+        return "OK", str(call())
     except caller.CallError as e:
         return e.code, e.message[:200]
     except Exception as e:  # noqa: BLE001

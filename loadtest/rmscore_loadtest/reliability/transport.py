@@ -15,9 +15,9 @@ import struct
 import threading
 import time
 
-from rmscore_loadtest import caller, loadgen
+from rmscore_loadtest import caller
 from rmscore_loadtest.observe import rss_mb
-from rmscore_loadtest.reliability.faults import _probe_score
+from rmscore_loadtest.reliability.faults import _probe_score, call_outcome
 
 PROBE_IDS = [[101, 7592, 2088, 102]]
 SCORE_PATH = "/rmscore.v1.RewardModel/Score"
@@ -296,16 +296,8 @@ def _work_sender(server, body: bytes, until: float, deadline_s: float, codes: di
     c = caller.Caller.to(server, timeout_s=deadline_s)
     try:
         while time.monotonic() < until:
-            try:
-                if c.grpc:
-                    c.score_pb(body, timeout_s=deadline_s)
-                else:
-                    c.post(None, raw=body, timeout_s=deadline_s + 2)
-                code = "OK"
-            except caller.CallError as e:
-                code = e.code
-            except Exception as e:  # noqa: BLE001 - a figure for the report
-                code = loadgen.error_code(e) if c.grpc else "UNAVAILABLE"
+            code, _ = call_outcome(c, lambda: len(c.score_pb(body, timeout_s=deadline_s).scores) if c.grpc
+                                   else len(c.post(None, raw=body, timeout_s=deadline_s + 2)["scores"]))
             with lock:
                 codes[code] = codes.get(code, 0) + 1
             if code != "OK":
