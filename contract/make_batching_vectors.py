@@ -111,18 +111,19 @@ HAND = [
 
 
 def admission_case(name, expect_code, *, workers=1, max_wait_us=60_000_000, seed=0.0, observe=(), tokens=0,
-                   now_us=1_000_000, deadline_us=None):
+                   running=0, now_us=1_000_000, deadline_us=None):
     """One admission decision (core/admission.py), its message from the Python reference; the
     intended code is written by hand and checked here."""
     w = QueueWork(workers, max_wait_us, seed)
     for batch_us, n in observe:
         w.observe(batch_us, n)
     w.add(tokens)
+    w.batch_started(running)
     r = w.refusal(now_us, deadline_us)
     code = "OK" if r is None else r.code.name
     assert code == expect_code, (name, code, r)
     return {"name": name, "workers": workers, "max_wait_us": max_wait_us, "seed_us_per_token": seed,
-            "observe": [list(o) for o in observe], "tokens": tokens, "now_us": now_us, "deadline_us": deadline_us,
+            "observe": [list(o) for o in observe], "tokens": tokens, "running": running, "now_us": now_us, "deadline_us": deadline_us,
             "expect": {"code": code, "message": "" if r is None else r.message, "wait_us": w.wait_us()}}
 
 
@@ -140,6 +141,10 @@ ADMISSION = [
     admission_case("observed batches set and move the rate", "DEADLINE_EXCEEDED", observe=[(1000, 10), (2000, 10)],
                    tokens=1000, deadline_us=1_100_000),
     admission_case("a past deadline behind queued work", "DEADLINE_EXCEEDED", seed=3.0, tokens=1000, deadline_us=0),
+    admission_case("a running batch is work ahead: refused", "DEADLINE_EXCEEDED", seed=100.0, running=20_000,
+                   deadline_us=2_500_000),
+    admission_case("queued and running work add up: refused", "DEADLINE_EXCEEDED", seed=100.0, tokens=10_000,
+                   running=10_000, deadline_us=2_500_000),
     admission_case("empty batches are not observed", "OK", observe=[(0, 10), (500, 0)], tokens=10**6,
                    deadline_us=1_000_001),
 ]

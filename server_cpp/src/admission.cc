@@ -10,7 +10,9 @@ void QueueWork::Observe(double batch_us, int64_t tokens) {
   us_per_token_ = us_per_token_ == 0 ? rate : us_per_token_ + kAlpha * (rate - us_per_token_);
 }
 
-int64_t QueueWork::WaitUs() const { return int64_t(double(tokens_) * us_per_token_ / double(workers_)); }
+int64_t QueueWork::WaitUs() const {
+  return int64_t(double(tokens_ + running_) * us_per_token_ / double(workers_));
+}
 
 grpc::Status QueueWork::Refusal(int64_t now_us, std::optional<int64_t> deadline_us) const {
   const int64_t wait = WaitUs();

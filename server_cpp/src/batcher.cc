@@ -181,6 +181,7 @@ Batcher::Batch Batcher::TakeBatchLocked(const std::vector<uint64_t>& ids, int64_
     work_.Remove(views.back().length);
   }
   b.packed = Pack(views, opts_.pad_token_id);
+  work_.BatchStarted(b.packed.real_tokens);  // work ahead of new arrivals until it ends (admission.h)
   QueueChangedLocked();
   return b;
 }
@@ -212,10 +213,9 @@ void Batcher::Run(const Batch& b, const BatchModel& model) {
     // a client may retry on another replica (docs/contract.md allows only OK or UNAVAILABLE then).
     if (!error.ok() && stopping_) error = Draining();
     if (opts_.cost && error.ok()) opts_.cost->Observe(int64_t(b.seqs.size()), b.packed.longest, ms / 1e3);
-    if (error.ok()) {
-      work_.Observe(ms * 1e3, b.packed.real_tokens);
-      QueueChangedLocked();
-    }
+    work_.BatchEnded(b.packed.real_tokens);
+    if (error.ok()) work_.Observe(ms * 1e3, b.packed.real_tokens);
+    QueueChangedLocked();
     ScoredLocked(b, scores, ms, &answers);
     if (!error.ok()) {
       // Each job of the batch fails once; its sequences still queued never reach the model.

@@ -261,22 +261,22 @@ TEST(Batcher, QueuedWorkPastTheBoundOrTheDeadlineIsRefusedAtOnce) {
             /*max_wait_us=*/1'000'000, /*seed=*/100.0);
   h.gated = true;
   auto running = Submit(*h.batcher, {std::vector<int64_t>(10, 1)});
-  ASSERT_TRUE(h.gate.WaitEntered(1));  // in the model, no longer queued
-  auto queued = Submit(*h.batcher, {std::vector<int64_t>(5000, 2)});  // 0.5 s of work ahead of whoever comes next
-  EXPECT_EQ(h.Read("rmscore_queue_expected_wait_seconds"), 0.5);
+  ASSERT_TRUE(h.gate.WaitEntered(1));  // in the model: 1 ms of work until it ends
+  auto queued = Submit(*h.batcher, {std::vector<int64_t>(5000, 2)});  // 0.501 s of work ahead of whoever comes next
+  EXPECT_EQ(h.Read("rmscore_queue_expected_wait_seconds"), 0.501);
   auto late = Submit(*h.batcher, {{3}}, Clock::now() + 200ms);
   EXPECT_EQ(late->admitted.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_EQ(late->admitted.error_message().rfind(
-                "deadline exceeded before scoring: about 500 ms of model work waiting, ", 0), 0u)
+                "deadline exceeded before scoring: about 501 ms of model work waiting, ", 0), 0u)
       << late->admitted.error_message();
   auto fine = Submit(*h.batcher, {{4}}, Clock::now() + 30s);
-  auto more = Submit(*h.batcher, {std::vector<int64_t>(6000, 5)});  // 0.5001 s ahead of it: within the bound
+  auto more = Submit(*h.batcher, {std::vector<int64_t>(6000, 5)});  // 0.5011 s ahead of it: within the bound
   EXPECT_TRUE(fine->admitted.ok());
   EXPECT_TRUE(more->admitted.ok());
-  auto over = Submit(*h.batcher, {{6}});  // 1.1001 s ahead of it
+  auto over = Submit(*h.batcher, {{6}});  // 1.1011 s ahead of it
   EXPECT_EQ(over->admitted.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_EQ(over->admitted.error_message(),
-            "queue full: about 1100 ms of model work waiting exceeds max_queue_wait_seconds (1000 ms)");
+            "queue full: about 1101 ms of model work waiting exceeds max_queue_wait_seconds (1000 ms)");
   h.gate.Open();
   EXPECT_EQ(Get(*running).scores, std::vector<float>{1010});
   EXPECT_EQ(Get(*queued).scores, std::vector<float>{7000});

@@ -221,18 +221,18 @@ def test_queued_work_past_the_bound_or_the_deadline_is_refused_at_once():
     h = Harness(max_batch_size=1, max_wait_us=1_000_000, seed=100.0)
     h.gated = True
     running = submit(h.batcher, [[1] * 10])
-    assert h.gate.wait_entered(1)  # in the model, no longer queued
-    queued = submit(h.batcher, [[2] * 5000])  # 0.5 s of model work ahead of whoever comes next
-    assert h.read("rmscore_queue_expected_wait_seconds") == 0.5
+    assert h.gate.wait_entered(1)  # in the model: 1 ms of work until it ends
+    queued = submit(h.batcher, [[2] * 5000])  # 0.501 s of model work ahead of whoever comes next
+    assert h.read("rmscore_queue_expected_wait_seconds") == 0.501
     late = submit(h.batcher, [[3]], time.monotonic() + 0.2)
     assert late.admitted.code == Code.DEADLINE_EXCEEDED
-    assert late.admitted.message.startswith("deadline exceeded before scoring: about 500 ms of model work waiting, ")
+    assert late.admitted.message.startswith("deadline exceeded before scoring: about 501 ms of model work waiting, ")
     fine = submit(h.batcher, [[4]], time.monotonic() + 30)
-    more = submit(h.batcher, [[5] * 6000])  # 0.5001 s ahead of it: within the bound
+    more = submit(h.batcher, [[5] * 6000])  # 0.5011 s ahead of it: within the bound
     assert (fine.admitted, more.admitted) == (None, None)
-    over = submit(h.batcher, [[6]])  # 1.1001 s ahead of it
+    over = submit(h.batcher, [[6]])  # 1.1011 s ahead of it
     assert over.admitted.code == Code.RESOURCE_EXHAUSTED
-    assert over.admitted.message == "queue full: about 1100 ms of model work waiting exceeds max_queue_wait_seconds (1000 ms)"
+    assert over.admitted.message == "queue full: about 1101 ms of model work waiting exceeds max_queue_wait_seconds (1000 ms)"
     h.gate.open()
     assert [s.get().scores for s in (running, queued, fine, more)] == [[1010], [7000], [4001], [11000]]
     assert (late.calls, over.calls) == (0, 0)

@@ -48,8 +48,10 @@ def test_admission_matches_vector(case):
     for batch_us, n in case["observe"]:
         w.observe(batch_us, n)
     w.add(case["tokens"])
+    w.batch_started(case.get("running", 0))
     r = w.refusal(case["now_us"], case["deadline_us"])
     got = {"code": "OK" if r is None else r.code.name, "message": "" if r is None else r.message, "wait_us": w.wait_us()}
     assert got == case["expect"]
     w.remove(case["tokens"])
+    w.batch_ended(case.get("running", 0))
     assert w.wait_us() == 0 and w.refusal(case["now_us"], case["deadline_us"]) is None  # empty again: accepted

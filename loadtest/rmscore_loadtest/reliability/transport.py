@@ -74,6 +74,7 @@ class Prober:
                 "refused_fast": sum(c != "OK" and ms < FAST_REFUSAL_MS for c, ms in self.results),
                 "failed": len(bad), "probe_codes": codes,
                 "probe_max_ms": max((ms for _, ms in self.results), default=None),
+                "slowest_refusal_ms": max((ms for c, ms in self.results if c != "OK"), default=None),
                 "probe_ms": [round(ms) for _, ms in self.results]}  # in the order sent
 
 

@@ -5,8 +5,10 @@ a full queue can hold minutes of model time while a one-sequence request waits b
 item 5). `QueueWork` keeps the real tokens of the queued sequences and a rate, model microseconds
 per real token, learnt from every batch the server runs (an exponential average, so padding and
 batch sizes as this server actually runs them are in it) and seeded by a timed batch at warm-up.
-The expected wait of a new request is the queued tokens times the rate, shared among the model
-workers. A request is refused at once:
+The expected wait of a new request is the tokens ahead of it (queued, and in the batches running
+now: a probe arriving as a 1 s batch starts waits that second too) times the rate, shared among the
+model workers. A running batch counts whole until it ends: the estimate errs towards refusing,
+since a request admitted on too short a wait expires in the queue instead of being refused at once. A request is refused at once:
 
 - RESOURCE_EXHAUSTED (`queue full: ...`, the client's Overloaded, retried with backoff) when that
   wait exceeds `--max-queue-wait-seconds`;
@@ -34,6 +36,7 @@ class QueueWork:
         self.workers = max(1, workers)
         self.max_wait_us = max_wait_us
         self.tokens = 0  # real tokens of the sequences in the queue
+        self.running = 0  # real tokens of the batches the workers are running
         self.us_per_token = seed_us_per_token  # 0 until seeded or observed: nothing is refused by work before
 
     def add(self, tokens: int) -> None:
@@ -41,6 +44,13 @@ class QueueWork:
 
     def remove(self, tokens: int) -> None:
         self.tokens -= tokens
+
+    def batch_started(self, tokens: int) -> None:
+        """A batch of `tokens` real tokens left the queue (removed already) for a worker."""
+        self.running += tokens
+
+    def batch_ended(self, tokens: int) -> None:
+        self.running -= tokens
 
     def observe(self, batch_us: float, tokens: int) -> None:
         """A batch holding `tokens` real tokens ran in `batch_us` (the first observation sets the rate)."""
@@ -50,8 +60,8 @@ class QueueWork:
         self.us_per_token = rate if self.us_per_token == 0 else self.us_per_token + self.ALPHA * (rate - self.us_per_token)
 
     def wait_us(self) -> int:
-        """Expected model time, per worker, of what is queued: what a request arriving now waits."""
-        return int(self.tokens * self.us_per_token / self.workers)
+        """Expected model time, per worker, of what is queued or running: what a request arriving now waits."""
+        return int((self.tokens + self.running) * self.us_per_token / self.workers)
 
     def refusal(self, now_us: int, deadline_us: int | None) -> ScoreError | None:
         """Why a request arriving at `now_us` (deadline `deadline_us`, same clock) is refused, or None."""

@@ -90,6 +90,7 @@ class _Batch:
     input_ids: np.ndarray
     attention_mask: np.ndarray
     padding_ratio: float
+    real_tokens: int
 
 
 def _now_us() -> int:
@@ -262,8 +263,10 @@ class Batcher:
         for q in seqs:
             self._metrics.queue_wait((now_us - q.arrival_us) / 1e6)
         input_ids, mask = pad_batch([q.job.seqs[q.index] for q in seqs], self._opts.pad_token_id)
+        real = int(mask.sum())
+        self._work.batch_started(real)  # work ahead of new arrivals until it ends (admission.py)
         self._queue_changed_locked()
-        return _Batch(seqs, input_ids, mask, 1.0 - float(mask.sum()) / mask.size)
+        return _Batch(seqs, input_ids, mask, 1.0 - real / mask.size, real)
 
     def _run(self, b: _Batch, model: BatchModel) -> None:
         """Runs one batch on this worker's model (without _mu), then records its scores or its failure."""
@@ -290,9 +293,10 @@ class Batcher:
                 error = _draining()
             if self._opts.cost is not None and error is None:
                 self._opts.cost.observe(len(b.seqs), b.input_ids.shape[1], ms / 1e3)
+            self._work.batch_ended(b.real_tokens)
             if error is None:
-                self._work.observe(ms * 1e3, int(b.attention_mask.sum()))
-                self._queue_changed_locked()
+                self._work.observe(ms * 1e3, b.real_tokens)
+            self._queue_changed_locked()
             self._scored_locked(b, scores, ms, answers)
             if error is not None:
                 # Each job of the batch fails once; its sequences still queued never reach the model.
