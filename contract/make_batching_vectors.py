@@ -42,8 +42,10 @@ def case(name, cfg, now_us, waiting, expired=(), batch=(), wait_us=None):
     }
 
 
-def cfg(mode="length_aware", size=8, tokens=4096, delay_us=5000, cost=None):
-    c = dict(mode=mode, max_batch_size=size, max_batch_tokens=tokens, max_queue_delay_us=delay_us)
+def cfg(mode="length_aware", size=8, tokens=4096, delay_us=5000, cost=None, us_per_token=0.0):
+    """`us_per_token`: the admission's rate, which keeps batches inside deadlines (0: unknown)."""
+    c = dict(mode=mode, max_batch_size=size, max_batch_tokens=tokens, max_queue_delay_us=delay_us,
+             us_per_token=us_per_token)
     if mode == COST_AWARE:
         c["cost_table"] = cost
     return c
@@ -107,6 +109,19 @@ HAND = [
     case("cost, CPU-like: a long oldest runs alone, not padded with the short",
          cfg(COST_AWARE, size=8, cost=CPU_TABLE), 0,
          [(1, 0, 400, None), (2, 10, 20, None), (3, 20, 30, None)], batch=[1]),
+    # Deadlines cap a batch by the measured rate (1000 us per padded token here): a 4-token request
+    # due in 2 s joins only as many 512-token sequences as end in time, and runs at once.
+    case("deadline: the batch ends before its earliest deadline", cfg(size=16, tokens=8192, us_per_token=1000.0),
+         1000, [(1, 0, 4, 2_000_000)] + [(i, 10 * i, 512, None) for i in range(2, 17)], batch=[1, 2, 3]),
+    case("deadline: fifo is capped alike", cfg("fifo", size=16, tokens=8192, us_per_token=1000.0),
+         1000, [(1, 0, 4, 2_000_000)] + [(i, 10 * i, 512, None) for i in range(2, 17)], batch=[1, 2, 3]),
+    case("deadline: no rate measured, no cap", cfg(size=16, tokens=8192), 1000,
+         [(1, 0, 4, 2_000_000)] + [(i, 10 * i, 512, None) for i in range(2, 17)], batch=list(range(1, 17))),
+    case("deadline: the oldest runs alone even past it", cfg(size=16, tokens=8192, us_per_token=1000.0), 1000,
+         [(1, 0, 512, 101_000), (2, 10, 512, None)], batch=[1]),
+    case("deadline: cost_aware stops growing at it", cfg(COST_AWARE, size=64, tokens=65536, cost=GPU_TABLE,
+                                                         us_per_token=1000.0), 100,
+         [(1, 0, 100, 400_100)] + [(i + 1, i * 10, 100, None) for i in range(1, 6)], batch=[1, 2, 3, 4]),
 ]
 
 
@@ -157,32 +172,33 @@ def cost_queries():
             for t in (CPU_TABLE, GPU_TABLE, NOISY_TABLE)]
 
 
-def generated(n_cases=300, seed=20261202):
+def generated(n_cases=300, seed=20261202, timed=False):
+    """Random queues; `timed`: with a rate (and more deadlines), so batches are cut by deadlines."""
     rng = random.Random(seed)
     out = []
     for k in range(n_cases):
         mode = MODES[k % len(MODES)]
         cost = [CPU_TABLE, GPU_TABLE][(k // len(MODES)) % 2]
         c = cfg(mode, rng.choice([1, 2, 4, 8, 16, 64]), rng.choice([64, 512, 2048, 4096, 16384]),
-                rng.choice([0, 1000, 5000, 20000]), cost)
+                rng.choice([0, 1000, 5000, 20000]), cost, rng.choice([0.5, 2.0, 10.0, 40.0]) if timed else 0.0)
         now = rng.randint(0, 30000)
         waiting = []
         t = 0
         for i in range(rng.randint(0, 40)):
             t += rng.randint(0, 2000)
             length = min(512, max(1, int(rng.lognormvariate(4.5, 0.9))))
-            deadline = rng.choice([None, None, None, rng.randint(0, 60000)])
+            deadline = rng.choice([None, rng.randint(0, 60000)] if timed else [None, None, None, rng.randint(0, 60000)])
             waiting.append((i + 1, t, length, deadline))
         d = plan([Waiting(*w) for w in waiting], now,
                  PlannerConfig(c["max_batch_size"], c["max_batch_tokens"], c["max_queue_delay_us"], mode),
-                 CostTable.from_json(cost) if mode == COST_AWARE else None)
-        out.append(case(f"generated {k}", c, now, waiting, d.expired, d.batch, d.wait_us))
+                 CostTable.from_json(cost) if mode == COST_AWARE else None, c["us_per_token"])
+        out.append(case(f"generated {'timed ' if timed else ''}{k}", c, now, waiting, d.expired, d.batch, d.wait_us))
     return out
 
 
 if __name__ == "__main__":
     path = pathlib.Path(__file__).parent / "batching_vectors.json"
-    doc = {"_comment": __doc__.strip(), "hand": HAND, "generated": generated(n_cases=450),
+    doc = {"_comment": __doc__.strip(), "hand": HAND, "generated": generated(n_cases=450) + generated(150, 20261204, timed=True),
            "cost_tables": cost_queries(), "admission": ADMISSION}
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {len(HAND)} hand, {len(doc['generated'])} generated and {len(ADMISSION)} admission cases to {path}")

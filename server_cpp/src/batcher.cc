@@ -138,7 +138,8 @@ std::optional<Batcher::Batch> Batcher::NextBatchLocked(std::unique_lock<std::mut
       continue;
     }
     const int64_t now = NowUs();
-    const Decision d = Plan(WaitingLocked(), now, opts_.planner, opts_.cost ? &opts_.cost->table() : nullptr);
+    const Decision d = Plan(WaitingLocked(), now, opts_.planner, opts_.cost ? &opts_.cost->table() : nullptr,
+                           work_.us_per_token());
     const grpc::Status expired(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded before scoring");
     for (uint64_t id : d.expired) {
       // All of a job's sequences share its deadline: the first one fails (and removes) them all.

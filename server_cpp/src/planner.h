@@ -37,8 +37,10 @@ struct Decision {
 };
 
 // `queue` is in arrival order; ids are unique. `cost` is required by cost_aware (std::invalid_argument
-// without it) and ignored by the other modes.
+// without it) and ignored by the other modes. `us_per_token` > 0 (the admission's measured model
+// microseconds per token) keeps every batch inside its members' deadlines: it grows only while its
+// padded tokens times that rate end before the earliest of them; the oldest still runs, alone if need be.
 Decision Plan(const std::vector<Waiting>& queue, int64_t now_us, const PlannerConfig& cfg,
-              const CostTable* cost = nullptr);
+              const CostTable* cost = nullptr, double us_per_token = 0);
 
 }  // namespace rmscore

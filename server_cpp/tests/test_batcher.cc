@@ -287,6 +287,20 @@ TEST(Batcher, QueuedWorkPastTheBoundOrTheDeadlineIsRefusedAtOnce) {
   EXPECT_EQ(h.Read("rmscore_queue_expected_wait_seconds"), 0);  // the queue is empty again
 }
 
+TEST(Batcher, AShortDeadlineIsBatchedOnlyWithWhatEndsBeforeIt) {
+  // Seeded at 1000 us per token: a 4-token request due in 2 s, then fifteen 512-token ones. Without the
+  // cap it rode in one batch of 16 x 512 (8.2 s by the rate) and waited out its deadline inside it.
+  Harness h(/*max_batch_size=*/16, /*delay_us=*/60'000'000, /*max_queue=*/4096, nullptr, /*workers=*/1,
+            /*max_wait_us=*/0, /*seed=*/1000.0);
+  auto probe = Submit(*h.batcher, {std::vector<int64_t>(4, 1)}, Clock::now() + 2s);
+  auto flood = Submit(*h.batcher, std::vector<std::vector<int64_t>>(15, std::vector<int64_t>(512, 2)));
+  ASSERT_TRUE(probe->admitted.ok());
+  ASSERT_TRUE(flood->admitted.ok());
+  EXPECT_EQ(Get(*probe).scores, std::vector<float>{1004});  // scored in time
+  // 3 x 512 x 1 ms = 1.5 s fits before the deadline; a fourth would not.
+  EXPECT_EQ(h.Batches().at(0), (std::vector<int64_t>{1, 2, 2}));
+}
+
 TEST(Batcher, ExpiredSequencesNeverReachTheModel) {
   Harness h(/*max_batch_size=*/8);
   auto late = Submit(*h.batcher, {{1}, {2}}, Clock::now() - 1ms);

@@ -68,7 +68,8 @@ def test_a_queue_bounded_by_work_answers_probes_or_refuses_them_fast(running):
     # (docs/hardening.md); 1 s is what holds on a busy machine. An admitted probe may take up to its
     # deadline: that is the wait admission expected. CI twice saw a probe expire at 2.03 s: the one sent
     # as the flood began, admitted into an idle server and batched with 15 of the flood's 512-token
-    # sequences (4 s of model time here); probes now start once the queue is full (work_flood says why).
+    # sequences (4 s of model time here). The planner now cuts such a batch at the deadline (unit tests
+    # hold that exactly); probes start once the queue is full (work_flood says why).
     assert fig["probes"] >= 3 and (fig["slowest_refusal_ms"] or 0) < 1000, fig
     assert set(fig["probe_codes"]) <= {"OK", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"}, fig
 

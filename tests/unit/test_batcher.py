@@ -15,7 +15,7 @@ from rmscore.core.batcher import Batcher, Job, Result
 from rmscore.core.errors import Code, ScoreError
 from rmscore.core.metrics import Metrics
 from rmscore.core.cost import CostModel, CostTable
-from rmscore.core.planner import COST_AWARE, FIFO, PlannerConfig
+from rmscore.core.planner import COST_AWARE, FIFO, LENGTH_AWARE, PlannerConfig
 
 LABELS = {"server": "test", "backend": "v0", "device": "cpu"}
 
@@ -237,6 +237,18 @@ def test_queued_work_past_the_bound_or_the_deadline_is_refused_at_once():
     assert [s.get().scores for s in (running, queued, fine, more)] == [[1010], [7000], [4001], [11000]]
     assert (late.calls, over.calls) == (0, 0)
     assert h.read("rmscore_queue_expected_wait_seconds") == 0  # the queue is empty again
+    h.batcher.stop()
+
+
+def test_a_short_deadline_is_batched_only_with_what_ends_before_it():
+    # Seeded at 1000 us per token: a 4-token request due in 2 s, then fifteen 512-token ones. Without the
+    # cap it rode in one batch of 16 x 512 (8.2 s by the rate) and waited out its deadline inside it.
+    h = Harness(max_batch_size=16, delay_us=60_000_000, mode=LENGTH_AWARE, seed=1000.0)
+    probe = submit(h.batcher, [[1] * 4], time.monotonic() + 2.0)
+    flood = submit(h.batcher, [[2] * 512] * 15)
+    assert (probe.admitted, flood.admitted) == (None, None)
+    assert probe.get().scores == [1004]  # scored in time
+    assert h.batches[0] == [1, 2, 2]  # 3 x 512 x 1 ms = 1.5 s fits before the deadline; a fourth would not
     h.batcher.stop()
 
 

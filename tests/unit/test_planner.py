@@ -17,7 +17,7 @@ def test_planner_matches_vector(case):
     c = case["config"]
     cfg = PlannerConfig(c["max_batch_size"], c["max_batch_tokens"], c["max_queue_delay_us"], c["mode"])
     table = CostTable.from_json(c["cost_table"]) if "cost_table" in c else None
-    d = plan([Waiting(**w) for w in case["waiting"]], case["now_us"], cfg, table)
+    d = plan([Waiting(**w) for w in case["waiting"]], case["now_us"], cfg, table, c["us_per_token"])
     assert (d.expired, d.batch, d.wait_us) == (
         case["expect"]["expired"], case["expect"]["batch"], case["expect"]["wait_us"])
 
@@ -32,6 +32,29 @@ def test_oldest_always_in_batch_when_dispatching():
             n = len(case["expect"]["batch"])
             assert n <= c["max_batch_size"]
             assert n == 1 or n * longest <= c["max_batch_tokens"]
+
+
+def test_a_batch_of_several_ends_before_its_earliest_deadline():
+    """With a rate, every batch of more than one sequence is predicted to end in time, and some
+    timed cases are cut by it (else the vectors would not exercise the rule)."""
+    cut = 0
+    for case in CASES:
+        c, batch = case["config"], case["expect"]["batch"]
+        if c["us_per_token"] <= 0 or len(batch) < 2:
+            continue
+        members = [w for w in case["waiting"] if w["id"] in batch]
+        deadlines = [w["deadline_us"] for w in members if w["deadline_us"] is not None]
+        if deadlines:
+            took_us = len(batch) * max(w["length"] for w in members) * c["us_per_token"]
+            assert took_us <= min(deadlines) - case["now_us"], case["name"]
+    for case in CASES:
+        c = case["config"]
+        if c["us_per_token"] > 0 and case["expect"]["batch"]:
+            untimed = plan([Waiting(**w) for w in case["waiting"]], case["now_us"],
+                           PlannerConfig(c["max_batch_size"], c["max_batch_tokens"], c["max_queue_delay_us"], c["mode"]),
+                           CostTable.from_json(c["cost_table"]) if "cost_table" in c else None)
+            cut += len(untimed.batch) > len(case["expect"]["batch"])
+    assert cut >= 10, cut
 
 
 @pytest.mark.parametrize("entry", VECTORS["cost_tables"], ids=["cpu-like", "gpu-like", "noisy"])

@@ -319,11 +319,11 @@ def work_flood(server, *, senders: int = 8, seqs: int = 128, length: int = 512, 
     2 s deadline. The queue is bounded by work: a probe is answered or refused at once (its deadline
     is shorter than the work ahead), never held until it times out.
 
-    Probes start once the queue is full because a probe racing the flood's first request into an
-    idle server is admitted (nothing is ahead of it) and then batched with up to 15 of the flood's
-    512-token sequences: that batch alone can outlast 2 s on a loaded machine (4 s at one intra-op
-    thread here), and the planner does not weigh a batch's cost against its members' deadlines
-    (docs/hardening.md). That is a batching limit, not the queue's, which is what this measures."""
+    Probes start once the queue is full: that is the queue bound this measures. A probe racing the
+    flood's first request into an idle server is admitted (nothing is ahead of it) and batched with
+    the flood's 512-token sequences; the planner keeps that batch inside the probe's deadline by the
+    measured rate (docs/batching.md, step 2b), which a machine slowing down under it can still
+    defeat (docs/hardening.md has both figures)."""
     import random
 
     rng = random.Random(7)

@@ -236,7 +236,7 @@ class Batcher:
                 continue
             now = _now_us()
             cost = self._opts.cost.table if self._opts.cost is not None else None
-            decision = plan(self._waiting_locked(), now, self._opts.planner, cost)
+            decision = plan(self._waiting_locked(), now, self._opts.planner, cost, self._work.us_per_token)
             expired = ScoreError(Code.DEADLINE_EXCEEDED, "deadline exceeded before scoring")
             for seq_id in decision.expired:
                 # All of a job's sequences share its deadline: the first one fails (and removes) them all.

@@ -7,6 +7,12 @@ long to wait before asking again. The C++ server implements the same function
 
 All times are integer microseconds so the two implementations agree exactly.
 The `cost_aware` mode takes the machine's cost table (cost.py) as a further input.
+
+Every mode also keeps a batch inside its members' deadlines: with `us_per_token` (the admission's
+measured model microseconds per token, admission.py; 0: unknown) a batch grows only while its
+padded tokens times that rate end before the earliest deadline among its members. The oldest
+sequence still runs, alone if need be. Without it a 4-token request with a 2 s deadline, batched
+with fifteen 512-token ones, waited out its deadline inside a 4 s batch (docs/hardening.md).
 """
 
 from __future__ import annotations
@@ -51,8 +57,10 @@ class Decision:
     wait_us: int | None = None
 
 
-def plan(queue: Sequence[Waiting], now_us: int, cfg: PlannerConfig, cost: CostTable | None = None) -> Decision:
-    """`queue` is in arrival (queue) order; ids are unique. `cost` is required by `cost_aware`."""
+def plan(queue: Sequence[Waiting], now_us: int, cfg: PlannerConfig, cost: CostTable | None = None,
+         us_per_token: float = 0.0) -> Decision:
+    """`queue` is in arrival (queue) order; ids are unique. `cost` is required by `cost_aware`;
+    `us_per_token` > 0 keeps each batch inside its members' deadlines (module docstring)."""
     decision = Decision()
     live = []
     for w in queue:
@@ -63,14 +71,15 @@ def plan(queue: Sequence[Waiting], now_us: int, cfg: PlannerConfig, cost: CostTa
     if not live:
         return decision
 
+    clock = _Clock(now_us, us_per_token)
     if cfg.mode == FIFO:
-        chosen, full = _fifo(live, cfg)
+        chosen, full = _fifo(live, cfg, clock)
     elif cfg.mode == COST_AWARE:
         if cost is None:
             raise ValueError("the cost_aware planner needs a cost table")
-        chosen, full = _cost_aware(live, cfg, cost)
+        chosen, full = _cost_aware(live, cfg, cost, clock)
     else:
-        chosen, full = _length_aware(live, cfg)
+        chosen, full = _length_aware(live, cfg, clock)
 
     oldest = live[0]
     due_us = oldest.arrival_us + cfg.max_queue_delay_us
@@ -86,6 +95,24 @@ def _fits(count: int, longest: int, cfg: PlannerConfig) -> bool:
     return count <= cfg.max_batch_size and count * longest <= cfg.max_batch_tokens
 
 
+@dataclass(frozen=True)
+class _Clock:
+    now_us: int
+    us_per_token: float
+
+    def in_time(self, count: int, longest: int, deadline_us: int | None) -> bool:
+        """A batch of `count` padded to `longest` ends before `deadline_us` (the earliest of its
+        members'), by the measured rate; always true when either is unknown. C++ computes the same
+        double product (planner.cc), so both compare alike."""
+        if deadline_us is None or self.us_per_token <= 0:
+            return True
+        return float(count * longest) * self.us_per_token <= float(deadline_us - self.now_us)
+
+
+def _earliest(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
 def _closed(live: list[Waiting], chosen: list[int], cfg: PlannerConfig) -> bool:
     """No sequence arriving later could join: the batch is at the size limit, or one more of even
     its current longest length would break the token budget. Waiting for the delay gains nothing."""
@@ -94,19 +121,20 @@ def _closed(live: list[Waiting], chosen: list[int], cfg: PlannerConfig) -> bool:
     return not _fits(len(chosen) + 1, longest, cfg)
 
 
-def _fifo(live: list[Waiting], cfg: PlannerConfig) -> tuple[list[int], bool]:
-    """Arrival order, as many as the size and padded-token limits allow."""
+def _fifo(live: list[Waiting], cfg: PlannerConfig, clock: _Clock) -> tuple[list[int], bool]:
+    """Arrival order, as many as the size, padded-token and deadline limits allow."""
     chosen = [live[0].id]
-    longest = live[0].length
+    longest, earliest = live[0].length, live[0].deadline_us
     for w in live[1:]:
-        if not _fits(len(chosen) + 1, max(longest, w.length), cfg):
+        n, by = max(longest, w.length), _earliest(earliest, w.deadline_us)
+        if not (_fits(len(chosen) + 1, n, cfg) and clock.in_time(len(chosen) + 1, n, by)):
             return chosen, True
         chosen.append(w.id)
-        longest = max(longest, w.length)
+        longest, earliest = n, by
     return chosen, False
 
 
-def _length_aware(live: list[Waiting], cfg: PlannerConfig) -> tuple[list[int], bool]:
+def _length_aware(live: list[Waiting], cfg: PlannerConfig, clock: _Clock) -> tuple[list[int], bool]:
     """Grow a window around the oldest sequence in length order.
 
     The oldest sequence is always in the batch, so nothing starves. Each step
@@ -117,7 +145,7 @@ def _length_aware(live: list[Waiting], cfg: PlannerConfig) -> tuple[list[int], b
     by_len = sorted(range(len(live)), key=lambda i: (live[i].length, i))
     pos = by_len.index(0)  # index 0 of `live` is the oldest
     lo = hi = pos
-    longest = live[0].length
+    longest, earliest = live[0].length, live[0].deadline_us
     count = 1
     while True:
         left = by_len[lo - 1] if lo > 0 else None
@@ -128,12 +156,13 @@ def _length_aware(live: list[Waiting], cfg: PlannerConfig) -> tuple[list[int], b
         # a longer one pads every sequence already chosen up to its length.
         options = []
         if left is not None:
-            options.append((longest - live[left].length, 0, longest))
+            options.append((longest - live[left].length, 0, longest, live[left].deadline_us))
         if right is not None:
-            options.append((count * (live[right].length - longest), 1, live[right].length))
-        options.sort()  # least padding first; ties: shorter (0) first
-        for _, side, new_longest in options:
-            if _fits(count + 1, new_longest, cfg):
+            options.append((count * (live[right].length - longest), 1, live[right].length, live[right].deadline_us))
+        options.sort(key=lambda o: o[:2])  # least padding first; ties: shorter (0) first
+        for _, side, new_longest, deadline in options:
+            by = _earliest(earliest, deadline)
+            if _fits(count + 1, new_longest, cfg) and clock.in_time(count + 1, new_longest, by):
                 break
         else:
             return [live[i].id for i in by_len[lo:hi + 1]], True
@@ -142,10 +171,11 @@ def _length_aware(live: list[Waiting], cfg: PlannerConfig) -> tuple[list[int], b
         else:
             hi += 1
             longest = new_longest
+        earliest = by
         count += 1
 
 
-def _cost_aware(live: list[Waiting], cfg: PlannerConfig, cost: CostTable) -> tuple[list[int], bool]:
+def _cost_aware(live: list[Waiting], cfg: PlannerConfig, cost: CostTable, clock: _Clock) -> tuple[list[int], bool]:
     """The batch holding the oldest sequence that scores the most sequences per second of model time.
 
     For each size k, the cheapest batch of k that holds the oldest is the window of k in length
@@ -161,17 +191,26 @@ def _cost_aware(live: list[Waiting], cfg: PlannerConfig, cost: CostTable) -> tup
     by_len = sorted(range(len(live)), key=lambda i: (live[i].length, i))
     pos = by_len.index(0)
     best_k, best_us, best_hi = 1, cost.batch_us(1, live[0].length), pos
+    in_time = True
     for k in range(2, min(cfg.max_batch_size, len(live)) + 1):
         hi = max(pos, k - 1)
         longest = live[by_len[hi]].length
         if not _fits(k, longest, cfg):
             break  # k * longest only grows with k
+        # The window of k holds the window of k - 1 (it grows down to 0, then up): the earliest
+        # deadline only comes sooner with k, so the first k out of time ends the search.
+        earliest = None
+        for i in by_len[hi - k + 1:hi + 1]:
+            earliest = _earliest(earliest, live[i].deadline_us)
+        if not clock.in_time(k, longest, earliest):
+            in_time = False
+            break
         us = cost.batch_us(k, longest)
         if k * best_us >= best_k * us:
             best_k, best_us, best_hi = k, us, hi
     chosen = [live[i].id for i in by_len[best_hi - best_k + 1:best_hi + 1]]
     longest = live[by_len[best_hi]].length
-    return chosen, best_k >= _best_size(longest, cfg, cost)
+    return chosen, not in_time or best_k >= _best_size(longest, cfg, cost)
 
 
 def _best_size(length: int, cfg: PlannerConfig, cost: CostTable) -> int:
