@@ -12,7 +12,7 @@ import time
 import pytest
 
 import servers
-from rmscore_loadtest.reliability import transport
+from rmscore_loadtest.reliability import faults, transport
 
 GRPC, HTTP = "py-grpc-onnxruntime", "py-http-onnxruntime"
 MiB = 1 << 20
@@ -96,7 +96,7 @@ def test_bodies_past_the_budget_are_refused_at_once(running):
     finally:
         first.close()
     time.sleep(0.3)  # the server sees the close and releases the budget: a good request fits again
-    assert transport._probe_score(transport.caller.Caller.to(server), transport.PROBE_IDS, 10)[0] == "OK"
+    assert faults._probe_score(transport.caller.Caller.to(server), transport.PROBE_IDS, 10)[0] == "OK"
 
 
 @pytest.mark.parametrize("name", [GRPC, HTTP])

@@ -17,7 +17,7 @@ import time
 
 from rmscore_loadtest import caller
 from rmscore_loadtest.observe import rss_mb
-from rmscore_loadtest.reliability.faults import _probe_score, call_outcome
+from rmscore_loadtest.reliability.faults import call_outcome
 
 PROBE_IDS = [[101, 7592, 2088, 102]]
 SCORE_PATH = "/rmscore.v1.RewardModel/Score"
@@ -34,38 +34,40 @@ def cpu_s(pid: int) -> float:
 
 
 class Prober:
-    """A thread sending a probe every `interval_s` on a fresh connection until stopped:
-    records (code, ms) per probe, and the slowest refusal's message."""
+    """Probes every `interval_s` from another process (prober.py says why) until stopped: records
+    (code, ms) per probe, and the slowest refusal's message."""
 
     def __init__(self, server, interval_s: float = 0.5, timeout_s: float = 2.0):
         self.server, self.interval_s, self.timeout_s = server, interval_s, timeout_s
         self.results: list[tuple[str, float]] = []
         self._slowest_refusal: tuple[float, str] = (-1.0, "")
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._proc = None
 
     def __enter__(self) -> "Prober":
-        self._thread.start()
+        import subprocess
+        import sys
+
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "rmscore_loadtest.reliability.prober", self.server.transport,
+             caller.target_of(self.server), str(self.interval_s), str(self.timeout_s)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        # Its imports (grpc, httpx) take a second or two: probing starts when it says so.
+        if self._proc.stdout.readline().strip() != "ready":
+            self._proc.kill()
+            raise RuntimeError(f"the prober did not start (exit {self._proc.wait()})")
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(self.timeout_s + 5)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            # The client object is built first: its set-up (httpx makes an SSL context) is not the server's time.
-            c = caller.Caller.to(self.server, timeout_s=self.timeout_s)
-            t0 = time.perf_counter()
-            try:
-                code, detail = _probe_score(c, PROBE_IDS, timeout_s=self.timeout_s)
-            finally:
-                c.close()
-            ms = (time.perf_counter() - t0) * 1e3
+        try:
+            out, _ = self._proc.communicate("stop\n", timeout=self.timeout_s + 10)
+        except Exception:
+            self._proc.kill()
+            self._proc.wait()
+            raise
+        for code, ms, detail in json.loads(out.strip().splitlines()[-1]):
             self.results.append((code, ms))
             if code != "OK" and ms > self._slowest_refusal[0]:
                 self._slowest_refusal = (ms, f"{code}: {detail}")
-            self._stop.wait(max(0.0, self.interval_s - ms / 1e3))
 
     def figures(self) -> dict:
         """probes, answered, refused fast (< 100 ms), failed otherwise (slow refusals, timeouts), the codes."""
