@@ -5,8 +5,9 @@ prints its results as one JSON list of [code, ms, detail].
 
 Why a process: a probe timed inside the process that runs the attack waits for that process's GIL
 behind the attackers' threads (encoding, sending, reading answers), and the figure then blames the
-server. Measured on py-http under the work flood: same process, 3 of 41 probes over 100 ms (up to
-345 ms); another process, 0 of 37 (docs/hardening.md). The issue's probes are other clients.
+server (py-http, three floods of the small test's size: same process, 3 of 41 probes over 100 ms,
+up to 345 ms; another process, 0 of 37). The issue's probes are other clients. What remains of the
+tail is the server's own (docs/hardening.md, the work flood).
 """
 
 from __future__ import annotations
