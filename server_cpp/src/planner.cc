@@ -159,7 +159,9 @@ Chosen CostAware(const std::vector<const Waiting*>& live, const PlannerConfig& c
     if (!Fits(k, longest, cfg)) break;  // k * longest only grows with k
     // The window of k holds the window of k - 1: the earliest deadline only comes sooner with k.
     std::optional<int64_t> earliest;
-    for (size_t i = hi + 1 - size_t(k); i <= hi; ++i) earliest = Earliest(earliest, live[by_len[i]]->deadline_us);
+    if (clock.us_per_token > 0) {  // without a rate there is no cap: skip the O(k) scan
+      for (size_t i = hi + 1 - size_t(k); i <= hi; ++i) earliest = Earliest(earliest, live[by_len[i]]->deadline_us);
+    }
     if (!clock.InTime(k, longest, earliest)) {
       in_time = false;
       break;

@@ -200,8 +200,9 @@ def _cost_aware(live: list[Waiting], cfg: PlannerConfig, cost: CostTable, clock:
         # The window of k holds the window of k - 1 (it grows down to 0, then up): the earliest
         # deadline only comes sooner with k, so the first k out of time ends the search.
         earliest = None
-        for i in by_len[hi - k + 1:hi + 1]:
-            earliest = _earliest(earliest, live[i].deadline_us)
+        if clock.us_per_token > 0:  # without a rate there is no cap: skip the O(k) scan
+            for i in by_len[hi - k + 1:hi + 1]:
+                earliest = _earliest(earliest, live[i].deadline_us)
         if not clock.in_time(k, longest, earliest):
             in_time = False
             break
