@@ -23,6 +23,7 @@ PROBE_IDS = [[101, 7592, 2088, 102]]
 SCORE_PATH = "/rmscore.v1.RewardModel/Score"
 STREAM_PATH = "/rmscore.v1.RewardModel/ScoreStream"
 FAST_REFUSAL_MS = 100.0
+PROBE_TIMEOUT_S = 2.0  # the issue's probe: a 2 s deadline
 
 
 def cpu_s(pid: int) -> float:
@@ -37,10 +38,10 @@ class Prober:
     """Probes every `interval_s` from another process (prober.py says why) until stopped: records
     (code, ms) per probe, and the slowest refusal's message."""
 
-    def __init__(self, server, interval_s: float = 0.5, timeout_s: float = 2.0):
+    def __init__(self, server, interval_s: float = 0.5, timeout_s: float = PROBE_TIMEOUT_S):
         self.server, self.interval_s, self.timeout_s = server, interval_s, timeout_s
         self.results: list[tuple[str, float]] = []
-        self._slowest_refusal: tuple[float, str] = (-1.0, "")
+        self.refusals: list[tuple[float, str]] = []  # (ms, "CODE: message") of each probe not OK
         self._proc = None
 
     def __enter__(self) -> "Prober":
@@ -66,12 +67,13 @@ class Prober:
             raise
         for code, ms, detail in json.loads(out.strip().splitlines()[-1]):
             self.results.append((code, ms))
-            if code != "OK" and ms > self._slowest_refusal[0]:
-                self._slowest_refusal = (ms, f"{code}: {detail}")
+            if code != "OK":
+                self.refusals.append((ms, f"{code}: {detail}"))
 
     def figures(self) -> dict:
         """probes, answered, refused fast (< 100 ms), failed otherwise (slow refusals, timeouts), the codes."""
         bad = [(c, ms) for c, ms in self.results if c != "OK" and ms >= FAST_REFUSAL_MS]
+        slowest_ms, slowest = max(self.refusals, default=(None, ""))
         codes: dict[str, int] = {}
         for c, _ in self.results:
             codes[c] = codes.get(c, 0) + 1
@@ -79,8 +81,7 @@ class Prober:
                 "refused_fast": sum(c != "OK" and ms < FAST_REFUSAL_MS for c, ms in self.results),
                 "failed": len(bad), "probe_codes": codes,
                 "probe_max_ms": max((ms for _, ms in self.results), default=None),
-                "slowest_refusal_ms": max((ms for c, ms in self.results if c != "OK"), default=None),
-                "slowest_refusal": self._slowest_refusal[1],  # which refusal: the admission's or the queue's
+                "slowest_refusal_ms": slowest_ms, "slowest_refusal": slowest,  # the admission's or the queue's
                 "probe_ms": [round(ms) for _, ms in self.results]}  # in the order sent
 
 
@@ -339,11 +340,10 @@ def work_flood(server, *, senders: int = 8, seqs: int = 128, length: int = 512, 
     for t in threads:
         t.start()
     max_wait = 0.0
-    probe_timeout_s = 2.0
-    while max_wait <= probe_timeout_s and time.monotonic() < until:
+    while max_wait <= PROBE_TIMEOUT_S and time.monotonic() < until:
         max_wait = max(max_wait, expected_wait_s(server))
         time.sleep(0.02)
-    with Prober(server, interval_s=probe_interval_s, timeout_s=probe_timeout_s) as prober:
+    with Prober(server, interval_s=probe_interval_s) as prober:
         while time.monotonic() < until:
             max_wait = max(max_wait, expected_wait_s(server))
             time.sleep(0.25)

@@ -8,7 +8,8 @@ batch sizes as this server actually runs them are in it) and seeded by a timed b
 The expected wait of a new request is the tokens ahead of it (queued, and in the batches running
 now: a probe arriving as a 1 s batch starts waits that second too) times the rate, shared among the
 model workers. A running batch counts whole until it ends: the estimate errs towards refusing,
-since a request admitted on too short a wait expires in the queue instead of being refused at once. A request is refused at once:
+since a request admitted on too short a wait expires in the queue instead of being refused at once.
+A request is refused at once:
 
 - RESOURCE_EXHAUSTED (`queue full: ...`, the client's Overloaded, retried with backoff) when that
   wait exceeds `--max-queue-wait-seconds`;
