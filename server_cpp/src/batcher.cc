@@ -68,6 +68,14 @@ grpc::Status Batcher::Submit(const std::shared_ptr<Job>& job) {
   return grpc::Status::OK;
 }
 
+grpc::Status Batcher::WorkRefusal(std::optional<Clock::time_point> deadline) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!accepting_) return Draining();
+  std::optional<int64_t> deadline_us;
+  if (deadline) deadline_us = std::chrono::duration_cast<std::chrono::microseconds>(*deadline - epoch_).count();
+  return work_.Refusal(NowUs(), deadline_us);
+}
+
 // Precondition: mu_ held. Why a job of `n` sequences cannot be accepted now (OK when it can): overload
 // and draining are refused at once, never queued.
 grpc::Status Batcher::RefusalLocked(int64_t n) const {

@@ -102,6 +102,10 @@ class Batcher {
   // refuses it at once: RESOURCE_EXHAUSTED when the queue is full,
   // UNAVAILABLE while draining (done never runs then).
   grpc::Status Submit(const std::shared_ptr<Job>& job);
+  // Why any job with this deadline would be refused by the work ahead now (OK when it would not):
+  // the check a call makes before validating, so a refusal under a work flood costs no checking of
+  // ids. Submit checks again, with the job's size. Python's Batcher.work_refusal.
+  grpc::Status WorkRefusal(std::optional<Clock::time_point> deadline);
   // The caller gave up (client cancelled): the job is answered CANCELLED now,
   // on the calling thread, and its queued sequences are dropped.
   void Cancel(const std::shared_ptr<Job>& job);

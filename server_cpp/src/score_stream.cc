@@ -103,7 +103,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
 
  private:
   void Handle(const std::shared_ptr<v1::ScoreStreamRequest>& item, Clock::time_point start) {
-    grpc::Status s = svc_->ReadyStatus();
+    grpc::Status s = svc_->AdmissionStatus(deadline_);
     SeqView view;
     if (s.ok()) s = ValidateStreamItem(*item, svc_->limits(), &view);
     if (s.ok()) {

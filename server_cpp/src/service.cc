@@ -25,7 +25,7 @@ class ScoreCall final : public grpc::ServerUnaryReactor {
     grpc::ByteBuffer request_bytes(*bytes);
     // Whether the bytes parse comes first, as in the Python servers: readiness cannot mend them.
     grpc::Status s = ParseRequest(&request_bytes, &req_);
-    if (s.ok()) s = svc_->ReadyStatus();
+    if (s.ok()) s = svc_->AdmissionStatus(SteadyDeadline(*ctx));
     std::vector<SeqView> views;
     if (s.ok()) s = ValidateScoreRequest(req_, svc_->limits(), &views);
     if (s.ok()) {
@@ -215,6 +215,11 @@ grpc::Status RewardModelService::ReadyStatus() const {
     case kWarmingUp: return {grpc::StatusCode::UNAVAILABLE, "not ready: warming up"};
     default: return {grpc::StatusCode::UNAVAILABLE, "not ready: draining"};
   }
+}
+
+grpc::Status RewardModelService::AdmissionStatus(std::optional<Clock::time_point> deadline) const {
+  grpc::Status s = ReadyStatus();
+  return s.ok() ? batcher()->WorkRefusal(deadline) : s;
 }
 
 grpc::ServerUnaryReactor* RewardModelService::Score(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,

@@ -52,6 +52,9 @@ class RewardModelService final : public RewardModelBase {
 
   // Used by the reactors (service.cc).
   grpc::Status ReadyStatus() const;
+  // ReadyStatus, then the batcher's WorkRefusal: what a call gets before its sequences are read
+  // (validation errors come second on a loaded server, as in Python's check_admission).
+  grpc::Status AdmissionStatus(std::optional<Clock::time_point> deadline) const;
   Batcher* batcher() const { return batcher_.load(); }
   Metrics* metrics() const { return metrics_; }
   const Limits& limits() const { return limits_; }

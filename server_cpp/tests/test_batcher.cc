@@ -269,6 +269,9 @@ TEST(Batcher, QueuedWorkPastTheBoundOrTheDeadlineIsRefusedAtOnce) {
   EXPECT_EQ(late->admitted.error_message().rfind(
                 "deadline exceeded before scoring: about 501 ms of model work waiting, ", 0), 0u)
       << late->admitted.error_message();
+  // What a call asks before reading its request: the same refusals, without its size.
+  EXPECT_TRUE(h.batcher->WorkRefusal(Clock::now() + 30s).ok());
+  EXPECT_EQ(h.batcher->WorkRefusal(Clock::now() + 200ms).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   auto fine = Submit(*h.batcher, {{4}}, Clock::now() + 30s);
   auto more = Submit(*h.batcher, {std::vector<int64_t>(6000, 5)});  // 0.5011 s ahead of it: within the bound
   EXPECT_TRUE(fine->admitted.ok());
@@ -277,6 +280,7 @@ TEST(Batcher, QueuedWorkPastTheBoundOrTheDeadlineIsRefusedAtOnce) {
   EXPECT_EQ(over->admitted.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_EQ(over->admitted.error_message(),
             "queue full: about 1101 ms of model work waiting exceeds max_queue_wait_seconds (1000 ms)");
+  EXPECT_EQ(h.batcher->WorkRefusal(std::nullopt).error_message(), over->admitted.error_message());
   h.gate.Open();
   EXPECT_EQ(Get(*running).scores, std::vector<float>{1010});
   EXPECT_EQ(Get(*queued).scores, std::vector<float>{7000});

@@ -246,6 +246,11 @@ def test_a_deadline_shorter_than_the_queued_work_is_refused_at_once(server):
         took = time.perf_counter() - t0
         assert e.value.code == "DEADLINE_EXCEEDED" and "ms of model work waiting" in e.value.message, e.value
         assert took < 0.3, took  # a fresh connection included
+        # Refused before its ids are read (docs/contract.md, order of checks): an id outside the
+        # vocabulary is not what the caller hears while the work ahead outlasts its deadline.
+        with pytest.raises(CallError) as e:
+            Caller(server).score(tokens([[MANIFEST["vocab_size"] + 5] * 8]), timeout_s=min(0.4, busy.wait_s / 2))
+        assert e.value.code == "DEADLINE_EXCEEDED" and "ms of model work waiting" in e.value.message, e.value
         # A deadline with room for the work ahead is accepted and scored.
         assert len(Caller(server).score(tokens(GOLDEN_IDS[:1]), timeout_s=busy.wait_s + 10)) == 1
     finally:

@@ -227,12 +227,16 @@ def test_queued_work_past_the_bound_or_the_deadline_is_refused_at_once():
     late = submit(h.batcher, [[3]], time.monotonic() + 0.2)
     assert late.admitted.code == Code.DEADLINE_EXCEEDED
     assert late.admitted.message.startswith("deadline exceeded before scoring: about 501 ms of model work waiting, ")
+    # What front ends ask before reading a request: the same refusals, without its size.
+    assert h.batcher.work_refusal(time.monotonic() + 30) is None
+    assert h.batcher.work_refusal(time.monotonic() + 0.2).code == Code.DEADLINE_EXCEEDED
     fine = submit(h.batcher, [[4]], time.monotonic() + 30)
     more = submit(h.batcher, [[5] * 6000])  # 0.5011 s ahead of it: within the bound
     assert (fine.admitted, more.admitted) == (None, None)
     over = submit(h.batcher, [[6]])  # 1.1011 s ahead of it
     assert over.admitted.code == Code.RESOURCE_EXHAUSTED
     assert over.admitted.message == "queue full: about 1101 ms of model work waiting exceeds max_queue_wait_seconds (1000 ms)"
+    assert h.batcher.work_refusal(None).message == over.admitted.message
     h.gate.open()
     assert [s.get().scores for s in (running, queued, fine, more)] == [[1010], [7000], [4001], [11000]]
     assert (late.calls, over.calls) == (0, 0)

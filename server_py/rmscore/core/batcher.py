@@ -160,6 +160,15 @@ class Batcher:
             self._metrics.in_flight(+1)
             self._work_cv.notify()
 
+    def work_refusal(self, deadline_s: float | None) -> ScoreError | None:
+        """Why any request with this deadline (time.monotonic, or None) would be refused by the work
+        ahead now, or None: the check front ends make before decoding and validating a request, which
+        for a 128 x 512-token one costs more than answering it (submit checks again, with its size)."""
+        with self._mu:
+            if not self._accepting:
+                return _draining()
+            return self._work.refusal(_now_us(), None if deadline_s is None else int(deadline_s * 1e6))
+
     def _refusal_locked(self, n: int) -> ScoreError | None:
         """Precondition: _mu held. Why a job of `n` sequences cannot be accepted now (None when it can):
         overload and draining are refused at once, never queued."""

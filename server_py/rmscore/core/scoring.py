@@ -174,9 +174,20 @@ class ScoringCore:
         reason = {WARMING_UP: "warming up", DRAINING: "draining"}.get(self.state, f"failed: {self.failure}")
         raise ScoreError(Code.UNAVAILABLE, f"not ready: {reason}")
 
+    def check_admission(self, deadline_s: float | None) -> None:
+        """Raise what a request with this deadline gets before it is even read: not ready, or refused by
+        the work ahead (admission.py). Front ends call it before decoding a request, so a refusal under
+        a work flood costs no decoding or validation (issue 20: checking the ids of 128 x 512-token
+        requests that were then refused took most of the GIL, and a probe waited for it). Validation
+        errors therefore come second on a loaded server, in both languages (docs/contract.md)."""
+        self.check_ready()
+        refused = self.batcher.work_refusal(deadline_s)
+        if refused is not None:
+            raise refused
+
     async def score(self, items: list[SeqInput], truncation: str, deadline_s: float | None) -> Result:
         """Validate, queue, and await the scores; cancelling the awaiting task drops the sequences."""
-        self.check_ready()
+        self.check_admission(deadline_s)
         if any(it.text is not None for it in items) or \
                 sum(len(it.tokens) for it in items if it.tokens is not None) >= THREAD_VALIDATE_MIN_TOKENS:
             # Tokenizing text takes ~0.3 s per 120 KB, and checking 64k token ids ~4 ms: off the event

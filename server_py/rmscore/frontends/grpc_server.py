@@ -88,10 +88,12 @@ class RewardModelServicer(reward_pb2_grpc.RewardModelServicer):
         if isinstance(request, Malformed):
             self.core.metrics.request(Code.INVALID_ARGUMENT.name, time.perf_counter() - t0)
             await context.abort(Code.INVALID_ARGUMENT.grpc, request.message)
+        deadline = _deadline(context)
         try:
+            self.core.check_admission(deadline)  # before the sequences are read: refusing costs nothing
             # An unknown enum number goes through as itself, for the validator to refuse.
             result = await self.core.score([seq_input(s) for s in request.sequences],
-                                           TRUNC.get(request.truncation, request.truncation), _deadline(context))
+                                           TRUNC.get(request.truncation, request.truncation), deadline)
         except ScoreError as e:
             self.core.metrics.request(e.code.name, time.perf_counter() - t0)
             await context.abort(e.code.grpc, e.message)
@@ -112,7 +114,7 @@ class RewardModelServicer(reward_pb2_grpc.RewardModelServicer):
         async def one(item: reward_pb2.ScoreStreamRequest) -> None:
             t0 = time.perf_counter()
             try:
-                self.core.check_ready()
+                self.core.check_admission(deadline)
                 seq = self.core.validator.sequence(seq_input(item.sequence), TRUNC.get(item.truncation, item.truncation),
                                                    "sequence")
                 r = await self.core.score_ids([seq], deadline)

@@ -139,7 +139,7 @@ def register(app: FastAPI, core: ScoringCore, encoder: Encoder) -> None:
             if not items:  # an empty shard of ceil(n/k) over k URLs: nothing to score
                 core.metrics.request("OK", time.perf_counter() - t0)
                 return {"rewards": [], "scores": [], "extra_logs": {}}
-            core.check_ready()
+            core.check_admission(None)  # before tokenizing: a refusal costs nothing
             ids = await asyncio.to_thread(encoder.encode, items)
             formats.add(items, body.prompts is not None)
             scores = await score_in_parts(core, ids)

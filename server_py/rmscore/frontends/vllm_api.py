@@ -142,7 +142,7 @@ class VllmRoutes:
                     check_unicode(s, f"input[{i}]")
             if not it or it == ("", ""):
                 raise invalid(f"input[{i}]: empty input")
-        self.core.check_ready()
+        self.core.check_admission(None)  # before tokenizing: a refusal costs nothing
         ids = await asyncio.to_thread(lambda: [list(it) if isinstance(it, list) else
                                                self.encoder.encode_one(it, add_special_tokens) for it in items])
         ids = [self._cut(x, body) for x in ids]
