@@ -90,7 +90,9 @@ class RewardModelServicer(reward_pb2_grpc.RewardModelServicer):
             await context.abort(Code.INVALID_ARGUMENT.grpc, request.message)
         deadline = _deadline(context)
         try:
-            self.core.check_admission(deadline)  # before the sequences are read: refusing costs nothing
+            # Before the sequences are turned into inputs, so a refusal costs nothing; core.score asks
+            # again (a lock and some arithmetic), which keeps the order of checks for every caller.
+            self.core.check_admission(deadline)
             # An unknown enum number goes through as itself, for the validator to refuse.
             result = await self.core.score([seq_input(s) for s in request.sequences],
                                            TRUNC.get(request.truncation, request.truncation), deadline)

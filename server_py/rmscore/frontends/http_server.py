@@ -119,7 +119,7 @@ def create_app(core: ScoringCore) -> FastAPI:
             body.timeout_ms = None
         deadline = None if body.timeout_ms is None else time.monotonic() + body.timeout_ms / 1e3
         try:
-            core.check_admission(deadline)  # before the sequences are read: refusing costs nothing
+            core.check_admission(deadline)  # before the inputs are built; core.score asks again (cheap)
             if deadline is None:
                 r = await core.score([_seq_input(s) for s in body.sequences], body.truncation, None)
             else:
