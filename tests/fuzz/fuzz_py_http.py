@@ -3,8 +3,8 @@
 Bytes are POSTed as the body of `/rmscore/v1/score` and of `/get_reward` to the real app
 (`create_app` over the real core, behind the same body-size middleware `run` uses),
 in process through Starlette's TestClient, which re-raises any exception the app
-lets escape. The core is marked serving and its queue (`score_ids`, the batcher and
-the model, not under test here) is replaced by a check of the validated sequences
+lets escape. The core is marked serving and its queue (`score_ids` and its admission, the batcher
+and the model, not under test here) is replaced by a check of the validated sequences
 that answers zeros. Every answer must be 200 with one score per sequence, or the
 contract's error body. Seeds: corpus/py_http/.
 """
@@ -34,6 +34,8 @@ def client():
         return Result(scores=[0.0] * len(seqs), total_ms=0.0, inference_ms=0.0)
 
     c.score_ids = score_ids
+    # The queue's admission goes with it: a queue that takes everything refuses only when not ready.
+    c.check_admission = lambda deadline_s: c.check_ready()
     c.state = SERVING
     app = _LimitBody(create_app(c), c.cfg.max_request_bytes)
     return TestClient(app, raise_server_exceptions=True)

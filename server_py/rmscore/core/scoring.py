@@ -181,8 +181,7 @@ class ScoringCore:
         requests that were then refused took most of the GIL, and a probe waited for it). Validation
         errors therefore come second on a loaded server, in both languages (docs/contract.md)."""
         self.check_ready()
-        # No batcher: the fuzz harness's core, served with its queue (score_ids) replaced.
-        refused = self.batcher.work_refusal(deadline_s) if self.batcher is not None else None
+        refused = self.batcher.work_refusal(deadline_s)
         if refused is not None:
             raise refused
 
