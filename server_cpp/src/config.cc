@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iomanip>
@@ -154,6 +155,14 @@ const std::map<std::string, Setter>& Setters() {
        }},
       {"--warmup-rounds", [](Config& c, auto& f, auto& v) { c.warmup_rounds = int(ParseInt(f, v, 1, 1 << 20)); }},
       {"--cost-profile", [](Config& c, auto& f, auto& v) { c.cost_profile = FileInExistingDir(f, v); }},
+      {"--cost-profile-dir", [](Config& c, auto& f, auto& v) {
+         struct stat st {};
+         if (v.empty()) Fail(f, "must not be empty");
+         if (v != "none" && ::stat(v.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+           Fail(f, "must be a directory (created when missing) or none, got '" + v + "'");
+         }
+         c.cost_profile_dir = v == "none" ? "" : v;
+       }},
       {"--cost-profile-seconds", [](Config& c, auto& f, auto& v) {
          c.cost_profile_seconds = ParseNumber(f, v, 0, true);
        }},
@@ -256,9 +265,26 @@ int Config::max_connection_age_grace_ms() const {
   return static_cast<int>(std::llround(max_connection_age_grace_seconds * 1000.0));
 }
 
+std::string DefaultCostProfileDir() {
+  auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v == nullptr ? "" : v;
+  };
+  std::string base;
+  if (!env("RMSCORE_CACHE_DIR").empty()) {
+    base = env("RMSCORE_CACHE_DIR");
+  } else if (!env("XDG_CACHE_HOME").empty()) {
+    base = env("XDG_CACHE_HOME") + "/rmscore";
+  } else {
+    base = (env("HOME").empty() ? std::string("/tmp") : env("HOME")) + "/.cache/rmscore";
+  }
+  return base + "/cost-profiles";
+}
+
 Config ParseConfig(const std::vector<std::string>& args, bool* help_requested) {
   *help_requested = false;
   Config c;
+  c.cost_profile_dir = DefaultCostProfileDir();
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") {
@@ -289,9 +315,11 @@ std::string Usage() {
   return "usage: rmscore-server-cpp [--flag value]...\n"
          "  --model DIR (models/default)  --host (127.0.0.1)  --port (50051, 0: ephemeral)\n"
          "  --metrics-port (9100, 0: ephemeral)  --port-file PATH\n"
-         "  --batching length_aware|fifo|cost_aware  --max-batch-size 32  --max-batch-tokens 8192\n"
+         "  --batching cost_aware|length_aware|fifo  --max-batch-size 32  --max-batch-tokens 8192\n"
          "  --cost-profile FILE (cost table: loaded when it exists, else measured at warm-up and saved there)\n"
          "  --cost-profile-seconds 10 (the measuring budget)\n"
+         "  --cost-profile-dir DIR|none (without --cost-profile: the cache of measured tables; default\n"
+         "     $RMSCORE_CACHE_DIR/cost-profiles, else $XDG_CACHE_HOME/rmscore/..., else ~/.cache/rmscore/...)\n"
          "  --model-workers 1|N|auto (sessions in parallel, each with intra-op-threads / N threads; auto: measured)\n"
          "  --max-queue-delay-ms 2  --max-queue-sequences 4096  --max-sequences-per-request 1024\n"
          "  --max-queue-wait-seconds 60 (refuse when the queued model time exceeds it; 0: no bound)\n"

@@ -20,7 +20,9 @@ struct Config {
   int port = 50051;
   int metrics_port = 9100;
   std::string port_file;  // empty: none
-  BatchingMode batching = BatchingMode::kLengthAware;
+  // cost_aware: the batch with the most sequences per second of measured model time (docs/batching.md);
+  // length_aware and fifo stay for ablations.
+  BatchingMode batching = BatchingMode::kCostAware;
   int max_batch_size = 32;
   int64_t max_batch_tokens = 8192;
   double max_queue_delay_ms = 2;
@@ -49,6 +51,11 @@ struct Config {
   // for --batching cost_aware), not saved.
   std::string cost_profile;
   double cost_profile_seconds = 10.0;
+  // Without --cost-profile the table is cached here per model, backend, device, precision, threads and
+  // batch size limit (cost_profile.h, CachePath): measured once per machine, reused, replaced when it
+  // does not match. Empty (--cost-profile-dir none): measured at every start, never saved. Default:
+  // cost_profile::DefaultDir(), from the environment, as the Python servers'.
+  std::string cost_profile_dir;
   // Model sessions run in parallel, each with intra_op_threads / model_workers threads, one batcher
   // thread each; kAutoWorkers: measured at warm-up (main.cc, StartWorkers).
   int model_workers = 1;
@@ -92,6 +99,10 @@ inline constexpr int kAutoWorkers = 0;
 struct ConfigError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// The cost-profile cache when --cost-profile-dir is not given: $RMSCORE_CACHE_DIR/cost-profiles, else
+// $XDG_CACHE_HOME/rmscore/cost-profiles, else $HOME/.cache/rmscore/cost-profiles (cost_profile.default_dir).
+std::string DefaultCostProfileDir();
 
 // Parses `--flag value` and `--flag=value`, then checks the flags that go
 // together (TLS files, the per-request and queue limits) and reads the token file. Throws ConfigError. `--help` is

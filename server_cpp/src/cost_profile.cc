@@ -1,7 +1,9 @@
 #include "cost_profile.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -47,8 +49,51 @@ std::string Fixed(double x, int digits) {
 
 const std::vector<std::string>& IdentityKeys() {
   static const std::vector<std::string> keys = {"model", "model_version", "backend", "device", "precision",
-                                                "intra_op_threads", "model_workers"};
+                                                "intra_op_threads", "model_workers", "cpu"};
   return keys;
+}
+
+std::string CpuModel(const std::string& cpuinfo) {
+  std::ifstream in(cpuinfo);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    auto trim = [](std::string v) {
+      const char* space = " \t\r\n\f\v";
+      v.erase(0, v.find_first_not_of(space));
+      v.erase(v.find_last_not_of(space) + 1);
+      return v;
+    };
+    if (trim(line.substr(0, colon)) == "model name") return trim(line.substr(colon + 1));
+  }
+  return "unknown";
+}
+
+std::string CachePath(const std::string& dir, const ordered_json& identity, int64_t max_batch_size) {
+  auto str = [](const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
+  std::string name = str(identity.at("model")) + "-" + str(identity.at("backend")) + "-" + str(identity.at("device")) +
+                     "-" + str(identity.at("precision")) + "-" + str(identity.at("intra_op_threads")) + "t-b" +
+                     std::to_string(max_batch_size);
+  for (char& ch : name) {
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_' && ch != '.' && ch != '-') ch = '_';
+  }
+  return dir + "/" + name + ".json";
+}
+
+std::optional<Profile> LoadCached(const std::string& path, const ordered_json& identity,
+                                  const std::function<void(const std::string&)>& progress) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    progress("cost profile: none cached at " + path + ": measuring");
+    return std::nullopt;
+  }
+  try {
+    return Load(path, identity, "cached cost profile " + path);
+  } catch (const ProfileError& e) {
+    progress(std::string("cost profile: not used: ") + e.what() + "; measuring again (the file will be replaced)");
+    return std::nullopt;
+  }
 }
 
 ordered_json Identity(const Config& cfg, const Manifest& m) {
@@ -58,11 +103,13 @@ ordered_json Identity(const Config& cfg, const Manifest& m) {
           {"device", ToString(cfg.device)},
           {"precision", ToString(cfg.precision)},
           {"intra_op_threads", cfg.intra_op_threads},
-          {"model_workers", cfg.model_workers}};
+          {"model_workers", cfg.model_workers},
+          {"cpu", CpuModel()}};
 }
 
-Profile Load(const std::string& path, const ordered_json& identity) {
-  const std::string where = "--cost-profile " + path;
+Profile Load(const std::string& path, const ordered_json& identity, const std::string& where_given) {
+  const bool strict = where_given.empty();  // --cost-profile: the operator's file, refused with what to do
+  const std::string where = strict ? "--cost-profile " + path : where_given;
   json doc;
   {
     std::ifstream in(path, std::ios::binary);
@@ -83,7 +130,7 @@ Profile Load(const std::string& path, const ordered_json& identity) {
     if (key == "model_workers" && ours == 0 && got.is_number_integer() && got >= 1) continue;
     if (got != ours) {
       throw ProfileError(where + ": measured for " + key + "=" + Repr(got) + ", but this server runs " + key + "=" +
-                         Repr(ours) + "; remove the file (or name another) to measure again");
+                         Repr(ours) + (strict ? "; remove the file (or name another) to measure again" : ""));
     }
   }
   try {

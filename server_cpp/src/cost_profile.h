@@ -3,12 +3,15 @@
 //
 // At warm-up a server times a small grid of batch shapes on its own runtime (Measure, bounded by
 // --cost-profile-seconds); with --cost-profile FILE it saves the table there, and a restart loads it
-// instead of measuring again. A profile holds the identity of what it measured: one measured for
-// anything else is refused with a message naming what differs, and a file that is not a profile is
-// refused as such. Nothing is served from a refused profile: the server does not start.
+// instead of measuring again; without it the table is cached in --cost-profile-dir (CachePath), where a
+// file that does not match is measured again and replaced instead of refused. A profile holds the
+// identity of what it measured (the CPU's name included): a --cost-profile measured for anything else
+// is refused with a message naming what differs, and a file that is not a profile is refused as such.
+// Nothing is served from a refused profile: the server does not start.
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
@@ -42,7 +45,18 @@ struct Profile {
 // The table in `path` and the model workers it was measured with, or ProfileError saying why a server
 // of `identity` cannot use it. model_workers 0 in `identity` (--model-workers auto) matches any count:
 // the server then runs the profile's.
-Profile Load(const std::string& path, const nlohmann::ordered_json& identity);
+// `where` names the file in messages (empty: "--cost-profile PATH", strict: the message says what to do).
+Profile Load(const std::string& path, const nlohmann::ordered_json& identity, const std::string& where = "");
+
+// The CPU's name as the kernel gives it (the first "model name" line of `cpuinfo`), or "unknown".
+std::string CpuModel(const std::string& cpuinfo = "/proc/cpuinfo");
+// The cached profile's file for a server of `identity` in `dir` (cost_profile.cache_path): the parts that
+// pick a table in its name, the rest checked inside it.
+std::string CachePath(const std::string& dir, const nlohmann::ordered_json& identity, int64_t max_batch_size);
+// The cached profile, or nullopt (said through `progress`, with the reason) when there is none or it
+// cannot be used (another CPU, model version, corrupt): then the server measures again and replaces it.
+std::optional<Profile> LoadCached(const std::string& path, const nlohmann::ordered_json& identity,
+                                  const std::function<void(const std::string&)>& progress);
 // Writes the profile atomically (a crash leaves the old file or none, never half of one).
 void Save(const std::string& path, const CostTable& table, const nlohmann::ordered_json& identity, double seconds);
 

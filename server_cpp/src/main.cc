@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -89,20 +90,56 @@ void WarmUp(ModelRunner& runner, const Config& cfg, const sigset_t& signals) {
   std::cout << "rmscore warm-up rounds=" << round << " warmup_s=" << SecondsSince(t) << std::endl;
 }
 
-// The table in --cost-profile when that file exists. Checked before anything loads, so a wrong or
-// corrupt profile refuses to start at once, as a bad flag does (ConfigError: exit code 2). Under
+void Progress(const std::string& line) { std::cout << "rmscore " << line << std::endl; }
+
+// Where a measured cost table is saved: --cost-profile, else (cost_aware only) the cache; empty: nowhere.
+std::string ProfilePath(const Config& cfg, const nlohmann::ordered_json& identity) {
+  if (!cfg.cost_profile.empty()) return cfg.cost_profile;
+  if (cfg.batching != BatchingMode::kCostAware || cfg.cost_profile_dir.empty()) return "";
+  return cost_profile::CachePath(cfg.cost_profile_dir, identity, cfg.max_batch_size);
+}
+
+// The table in --cost-profile when that file exists, else the cached one (cost_aware). Checked before
+// anything loads, so a wrong or corrupt --cost-profile refuses to start at once, as a bad flag does
+// (ConfigError: exit code 2); a cached one that does not match is measured again instead. Under
 // --model-workers auto the profile's worker count is taken (*identity): no second measurement.
 std::optional<CostTable> LoadSavedProfile(const Config& cfg, nlohmann::ordered_json* identity) {
-  struct stat st {};
-  if (cfg.cost_profile.empty() || ::stat(cfg.cost_profile.c_str(), &st) != 0) return std::nullopt;
-  try {
-    cost_profile::Profile profile = cost_profile::Load(cfg.cost_profile, *identity);
-    (*identity)["model_workers"] = profile.model_workers;
-    std::cout << "rmscore cost profile loaded from " << cfg.cost_profile << std::endl;
-    return std::move(profile.table);
-  } catch (const cost_profile::ProfileError& e) {
-    throw ConfigError(e.what());
+  std::optional<cost_profile::Profile> profile;
+  const std::string path = ProfilePath(cfg, *identity);
+  if (!cfg.cost_profile.empty()) {
+    struct stat st {};
+    if (::stat(cfg.cost_profile.c_str(), &st) != 0) return std::nullopt;
+    try {
+      profile = cost_profile::Load(cfg.cost_profile, *identity);
+    } catch (const cost_profile::ProfileError& e) {
+      throw ConfigError(e.what());
+    }
+  } else if (!path.empty()) {
+    profile = cost_profile::LoadCached(path, *identity, Progress);
   }
+  if (!profile) return std::nullopt;
+  (*identity)["model_workers"] = profile->model_workers;
+  std::cout << "rmscore cost profile loaded from " << path << std::endl;
+  return std::move(profile->table);
+}
+
+// Saves a measured table where ProfilePath says. A cache that cannot be written (a read-only home in a
+// container) costs the next start a measurement, not this one its start; --cost-profile must be written.
+void SaveProfile(const Config& cfg, const std::string& path, const CostTable& table,
+                 const nlohmann::ordered_json& identity, double seconds) {
+  if (path.empty()) return;
+  try {
+    if (cfg.cost_profile.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+    }
+    cost_profile::Save(path, table, identity, seconds);
+  } catch (const std::exception& e) {
+    if (!cfg.cost_profile.empty()) throw;
+    Progress("cost profile: cannot cache it at " + path + ": " + e.what() + "; serving without saving it");
+    return;
+  }
+  std::cout << "rmscore cost profile saved to " << path << std::endl;
 }
 
 // `b` sequences of `n` random ids from the vocabulary's upper part (clear of special tokens), unpadded.
@@ -118,12 +155,13 @@ PackedBatch RandomBatch(int64_t b, int64_t n, int64_t vocab_size, std::mt19937_6
 }
 
 // The cost table: the profile loaded at start, or measured now within --cost-profile-seconds (and
-// saved with --cost-profile). nullptr when nothing plans with it and no profile was asked for:
+// saved with --cost-profile or in the cache, ProfilePath). nullptr when nothing plans with it and no profile was asked for:
 // measuring costs start-up time.
 std::shared_ptr<CostModel> MakeCostModel(const Config& cfg, const Manifest& m, ModelRunner& runner,
                                          const nlohmann::ordered_json& identity, std::optional<CostTable> table) {
   if (cfg.batching != BatchingMode::kCostAware && cfg.cost_profile.empty()) return nullptr;
   if (!table) {
+    const std::string path = ProfilePath(cfg, identity);
     std::mt19937_64 rng(0);
     auto run = [&](int64_t b, int64_t n) {
       const PackedBatch batch = RandomBatch(b, n, m.vocab_size, rng);
@@ -131,14 +169,10 @@ std::shared_ptr<CostModel> MakeCostModel(const Config& cfg, const Manifest& m, M
       runner.Run(batch);
       return SecondsSince(t);
     };
-    auto progress = [](const std::string& line) { std::cout << "rmscore " << line << std::endl; };
     const cost_profile::Measured got =
-        cost_profile::Measure(run, cfg.max_batch_size, m.max_sequence_length, cfg.cost_profile_seconds, progress);
+        cost_profile::Measure(run, cfg.max_batch_size, m.max_sequence_length, cfg.cost_profile_seconds, Progress);
     table = got.table;
-    if (!cfg.cost_profile.empty()) {
-      cost_profile::Save(cfg.cost_profile, *table, identity, got.seconds);
-      std::cout << "rmscore cost profile saved to " << cfg.cost_profile << std::endl;
-    }
+    SaveProfile(cfg, path, *table, identity, got.seconds);
   }
   std::cout << cost_profile::Describe(*table) << std::endl;
   return std::make_shared<CostModel>(*table);

@@ -3,7 +3,10 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <map>
+#include <optional>
 
 #include "config.h"
 #include "service.h"
@@ -31,7 +34,7 @@ TEST(Config, DefaultsAreTheContracts) {
   EXPECT_EQ(c.host, "127.0.0.1");
   EXPECT_EQ(c.port, 50051);
   EXPECT_EQ(c.metrics_port, 9100);
-  EXPECT_EQ(c.batching, BatchingMode::kLengthAware);
+  EXPECT_EQ(c.batching, BatchingMode::kCostAware);
   EXPECT_EQ(c.max_batch_size, 32);
   EXPECT_EQ(c.max_batch_tokens, 8192);
   EXPECT_EQ(c.max_queue_delay_us(), 2000);
@@ -85,6 +88,27 @@ TEST(Config, CostFlags) {
   EXPECT_EQ(ErrorOf({"--cost-profile", "/no/such/dir/p.json"}),
             "--cost-profile: must be a file in an existing directory, got '/no/such/dir/p.json'");
   EXPECT_EQ(ErrorOf({"--batching", "best"}), "--batching: must be one of cost_aware, fifo, length_aware, got 'best'");
+  EXPECT_EQ(Parse({"--cost-profile-dir", "/var/cache/x"}).cost_profile_dir, "/var/cache/x");
+  EXPECT_EQ(Parse({"--cost-profile-dir", "none"}).cost_profile_dir, "");
+  EXPECT_EQ(ErrorOf({"--cost-profile-dir", "/proc/cpuinfo"}),
+            "--cost-profile-dir: must be a directory (created when missing) or none, got '/proc/cpuinfo'");
+}
+
+TEST(Config, TheCostProfileCacheFollowsTheEnvironment) {
+  // cost_profile.default_dir's precedence; the variables are put back as they were.
+  std::map<std::string, std::optional<std::string>> saved;
+  for (const char* name : {"RMSCORE_CACHE_DIR", "XDG_CACHE_HOME"}) {
+    const char* v = std::getenv(name);
+    saved[name] = v ? std::optional<std::string>(v) : std::nullopt;
+  }
+  setenv("RMSCORE_CACHE_DIR", "/c", 1);
+  setenv("XDG_CACHE_HOME", "/x", 1);
+  EXPECT_EQ(Parse({}).cost_profile_dir, "/c/cost-profiles");
+  unsetenv("RMSCORE_CACHE_DIR");
+  EXPECT_EQ(DefaultCostProfileDir(), "/x/rmscore/cost-profiles");
+  for (const auto& [name, v] : saved) {
+    if (v) setenv(name.c_str(), v->c_str(), 1); else unsetenv(name.c_str());
+  }
 }
 
 TEST(Config, ModelWorkers) {

@@ -27,7 +27,7 @@ std::string ErrorOf(const std::function<void()>& f) {
 
 ordered_json Identity(int threads = 2, int workers = 1) {
   return {{"model", "m"},         {"model_version", "v1"},       {"backend", "onnxruntime"},     {"device", "cpu"},
-          {"precision", "fp32"}, {"intra_op_threads", threads}, {"model_workers", workers}};
+          {"precision", "fp32"}, {"intra_op_threads", threads}, {"model_workers", workers}, {"cpu", "Xeon"}};
 }
 
 // A file in a fresh directory under /tmp, removed with it.
@@ -84,7 +84,8 @@ TEST(CostProfile, TheServersIdentityHasEveryKeyInOrder) {
   for (const auto& item : id.items()) keys.push_back(item.key());
   EXPECT_EQ(keys, cost_profile::IdentityKeys());
   EXPECT_EQ(id.dump(), "{\"model\":\"default\",\"model_version\":\"sha256:0\",\"backend\":\"onnxruntime\","
-                       "\"device\":\"cpu\",\"precision\":\"fp32\",\"intra_op_threads\":2,\"model_workers\":0}");
+                       "\"device\":\"cpu\",\"precision\":\"fp32\",\"intra_op_threads\":2,\"model_workers\":0,"
+                       "\"cpu\":" + ordered_json(cost_profile::CpuModel()).dump() + "}");
 }
 
 TEST(CostProfile, SavedLoadsBackForTheSameServer) {
@@ -136,6 +137,40 @@ TEST(CostProfile, CorruptOrForeignFilesAreRefused) {
   f.Write(doc.dump());
   EXPECT_EQ(ErrorOf([&] { cost_profile::Load(f.path, Identity()); }),
             where + "corrupt table: cost table cost_us must be integers >= 1 microsecond, got [[0]]");
+}
+
+TEST(CostProfile, TheCpuIsTheFirstModelNameLine) {
+  TempFile f;
+  f.Write("processor\t: 0\nmodel name\t: AMD EPYC 7B13 \nflags\t: avx2\n\nmodel name\t: other\n");
+  EXPECT_EQ(cost_profile::CpuModel(f.path), "AMD EPYC 7B13");
+  EXPECT_EQ(cost_profile::CpuModel(f.dir + "/absent"), "unknown");
+}
+
+TEST(CostProfile, TheCacheFileIsNamedAsInPython) {
+  // tests/unit/test_cost.py holds cost_profile.cache_path to the same name.
+  ordered_json id = Identity();
+  id["model"] = "my model/v2";
+  EXPECT_EQ(cost_profile::CachePath("/c", id, 32), "/c/my_model_v2-onnxruntime-cpu-fp32-2t-b32.json");
+}
+
+TEST(CostProfile, ACachedProfileThatDoesNotMatchIsMeasuredAgainSayingWhy) {
+  TempFile f;
+  std::vector<std::string> said;
+  auto progress = [&](const std::string& l) { said.push_back(l); };
+  EXPECT_FALSE(cost_profile::LoadCached(f.path, Identity(), progress));
+  EXPECT_EQ(said.back(), "cost profile: none cached at " + f.path + ": measuring");
+  ordered_json amd = Identity();
+  amd["cpu"] = "AMD EPYC 7B13";
+  cost_profile::Save(f.path, CostTable::Make({1}, {16}, {{10}}), amd, 1);
+  EXPECT_FALSE(cost_profile::LoadCached(f.path, Identity(), progress));
+  EXPECT_EQ(said.back(), "cost profile: not used: cached cost profile " + f.path +
+                             ": measured for cpu='AMD EPYC 7B13', but this server runs cpu='Xeon'; measuring again "
+                             "(the file will be replaced)");
+  f.Write("{half a profi");
+  EXPECT_FALSE(cost_profile::LoadCached(f.path, Identity(), progress));
+  EXPECT_NE(said.back().find("cannot read a cost profile"), std::string::npos);
+  cost_profile::Save(f.path, CostTable::Make({1}, {16}, {{10}}), Identity(), 1);
+  EXPECT_EQ(cost_profile::LoadCached(f.path, Identity(), progress)->table.cost_us[0][0], 10);
 }
 
 TEST(CostProfile, MeasureWithinTheBudgetExtrapolatesTheRest) {

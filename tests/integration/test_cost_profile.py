@@ -67,3 +67,36 @@ def test_the_profile_command_measures_saves_shows_and_refuses(tmp_path):
     assert again.returncode == 0 and f"loaded from {path}" in again.stdout
     wrong = profile("--backend", "eager")
     assert wrong.returncode == 2 and "measured for backend='onnxruntime'" in wrong.stderr
+
+
+@pytest.mark.parametrize("kind", [k for k in ("py-grpc-onnxruntime", "cpp-grpc") if k in servers.available_kinds()])
+def test_the_default_caches_its_profile_and_measures_again_when_it_does_not_match(kind, tmp_path):
+    """Without --cost-profile (and without --batching: cost_aware is the default) the table is cached per
+    machine: measured at the first start, loaded at the next; one for another CPU or a corrupt one is not
+    used, the log says why, and it is measured again and replaced."""
+    from rmscore.core import cost_profile
+
+    def start() -> str:
+        server = servers.start(kind, cost_profile_dir=tmp_path, cost_profile_seconds=1)
+        try:
+            assert len(Caller.to(server).score_ids([[101, 2000, 102]] * 2).scores) == 2
+            return server.log()
+        finally:
+            assert server.stop() == 0
+
+    log = start()
+    [path] = tmp_path.glob("*.json")
+    assert f"none cached at {path}: measuring" in log and f"cost profile saved to {path}" in log
+    doc = json.loads(path.read_text())
+    assert doc["identity"]["cpu"] == cost_profile.cpu_model() != "unknown"
+
+    doc["identity"]["cpu"] = "Another CPU"
+    path.write_text(json.dumps(doc))
+    log = start()
+    assert (f"not used: cached cost profile {path}: measured for cpu='Another CPU', but this server runs "
+            f"cpu={cost_profile.cpu_model()!r}; measuring again") in log
+    assert "shapes in" in log and f"cost profile saved to {path}" in log
+
+    # A corrupt cache file is replaced the same way (unit-tested in both languages: load_cached, LoadCached).
+    log = start()
+    assert f"cost profile loaded from {path}" in log and "shapes in" not in log

@@ -22,7 +22,7 @@ def identity(threads: int = THREADS) -> dict:
     """What the Python ONNX Runtime server writes for the default model on CPU in fp32."""
     repo = load_repo(servers.MODEL)
     known = {"model": repo.name, "model_version": repo.version, "backend": "onnxruntime", "device": "cpu",
-             "precision": "fp32", "intra_op_threads": threads, "model_workers": 1}
+             "precision": "fp32", "intra_op_threads": threads, "model_workers": 1, "cpu": cost_profile.cpu_model()}
     return {key: known[key] for key in cost_profile.IDENTITY_KEYS}
 
 

@@ -8,7 +8,7 @@ from rmscore.core import cost_profile
 from rmscore.core.cost import CostError, CostModel, CostTable, grid
 
 IDENTITY = {"model": "default", "model_version": "sha256:abc", "backend": "onnxruntime", "device": "cpu",
-            "precision": "fp32", "intra_op_threads": 2, "model_workers": 1}
+            "precision": "fp32", "intra_op_threads": 2, "model_workers": 1, "cpu": "Intel(R) Xeon(R) Processor"}
 
 
 def table():
@@ -62,7 +62,8 @@ def test_a_profile_round_trips(tmp_path):
 
 
 @pytest.mark.parametrize("key, value", [("model_version", "sha256:other"), ("backend", "eager"),
-                                        ("intra_op_threads", 4), ("model_workers", 2), ("device", "cuda")])
+                                        ("intra_op_threads", 4), ("model_workers", 2), ("device", "cuda"),
+                                        ("cpu", "AMD EPYC 7B13")])
 def test_a_profile_for_another_server_is_refused_naming_what_differs(tmp_path, key, value):
     path = tmp_path / "p.json"
     cost_profile.save(path, table(), IDENTITY, 1.5)
@@ -105,3 +106,40 @@ def test_measure_stays_within_its_budget_and_extrapolates_the_rest():
     calls.clear()
     t, _ = cost_profile.measure(run, 8, 128, budget_s=60, progress=lambda msg: None)
     assert len(calls) == 2 * 4 * 4 and t.batch_us(4, 64) == 256
+
+
+def test_the_cpu_is_the_first_model_name_line(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC 7B13 \nflags\t: avx2\n\nmodel name\t: other\n")
+    assert cost_profile.cpu_model(info) == "AMD EPYC 7B13"
+    assert cost_profile.cpu_model(tmp_path / "absent") == "unknown"
+
+
+def test_the_cache_directory_follows_the_environment():
+    assert cost_profile.default_dir({"RMSCORE_CACHE_DIR": "/c", "XDG_CACHE_HOME": "/x", "HOME": "/h"}) == \
+        __import__("pathlib").Path("/c/cost-profiles")
+    assert str(cost_profile.default_dir({"XDG_CACHE_HOME": "/x", "HOME": "/h"})) == "/x/rmscore/cost-profiles"
+    assert str(cost_profile.default_dir({"HOME": "/h"})) == "/h/.cache/rmscore/cost-profiles"
+
+
+def test_the_cache_file_is_named_for_what_picks_a_table(tmp_path):
+    # server_cpp/tests/test_cost.cc holds the C++ CachePath to the same name.
+    path = cost_profile.cache_path(tmp_path, dict(IDENTITY, model="my model/v2"), 32)
+    assert path == tmp_path / "my_model_v2-onnxruntime-cpu-fp32-2t-b32.json"
+
+
+def test_a_cached_profile_that_does_not_match_is_measured_again_saying_why(tmp_path):
+    said = []
+    path = tmp_path / "p.json"
+    assert cost_profile.load_cached(path, IDENTITY, said.append) is None
+    assert said[-1] == f"cost profile: none cached at {path}: measuring"
+    cost_profile.save(path, table(), dict(IDENTITY, cpu="AMD EPYC 7B13"), 1.5)
+    assert cost_profile.load_cached(path, IDENTITY, said.append) is None
+    assert said[-1] == (f"cost profile: not used: cached cost profile {path}: measured for cpu='AMD EPYC 7B13', "
+                        f"but this server runs cpu='Intel(R) Xeon(R) Processor'; measuring again "
+                        f"(the file will be replaced)")
+    path.write_text("{half a profi")
+    assert cost_profile.load_cached(path, IDENTITY, said.append) is None
+    assert "cannot read a cost profile" in said[-1] and said[-1].endswith("(the file will be replaced)")
+    cost_profile.save(path, table(), IDENTITY, 1.5)
+    assert cost_profile.load_cached(path, IDENTITY, said.append) == (table(), 1)

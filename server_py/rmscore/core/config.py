@@ -10,6 +10,7 @@ import argparse
 import pathlib
 from dataclasses import dataclass, field
 
+from rmscore.core.cost_profile import default_dir as cost_profile_default_dir
 from rmscore.core.planner import MODES, PlannerConfig
 
 TRANSPORTS = ("grpc", "http")
@@ -98,7 +99,9 @@ class ServeConfig:
     port: int = 50051
     metrics_port: int = 9100
     port_file: pathlib.Path | None = None
-    batching: str = "length_aware"
+    #: cost_aware: the batch with the most sequences per second of measured model time (docs/batching.md);
+    #: length_aware and fifo stay for ablations.
+    batching: str = "cost_aware"
     max_batch_size: int = 32
     max_batch_tokens: int = 8192
     max_queue_delay_ms: float = 2.0
@@ -125,6 +128,10 @@ class ServeConfig:
     #: warm-up within --cost-profile-seconds and saved here. None: measured, not saved.
     cost_profile: pathlib.Path | None = None
     cost_profile_seconds: float = 10.0
+    #: Without --cost-profile, the table is cached here per model, backend, device, precision, threads and
+    #: batch size limit (core/cost_profile.py): measured once per machine, reused, replaced when it does
+    #: not match. None (--cost-profile-dir none): measured at every start, never saved.
+    cost_profile_dir: pathlib.Path | None = field(default_factory=cost_profile_default_dir)
     #: Model sessions run in parallel, each with intra_op_threads / model_workers threads; AUTO_WORKERS: measured.
     model_workers: int = 1
     # Access control (docs/contract.md): TLS with both files, a shared bearer token from a
@@ -204,6 +211,8 @@ class ServeConfig:
         check(self.cost_profile_seconds > 0, "cost-profile-seconds", "must be > 0", self.cost_profile_seconds)
         check(self.cost_profile is None or self.cost_profile.parent.is_dir(), "cost-profile",
               "must be a file in an existing directory", str(self.cost_profile))
+        check(self.cost_profile_dir is None or not self.cost_profile_dir.exists() or self.cost_profile_dir.is_dir(),
+              "cost-profile-dir", "must be a directory (created when missing) or none", str(self.cost_profile_dir))
         # gRPC takes both in milliseconds in an int32.
         check(0 < self.max_connection_age_seconds <= MAX_CHANNEL_SECONDS, "max-connection-age-seconds",
               f"must be > 0 and <= {MAX_CHANNEL_SECONDS}", self.max_connection_age_seconds)
@@ -298,7 +307,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "1, 2, 4 ... at warm-up and keeps the fastest (default: %(default)s)")
     p.add_argument("--cost-profile", default=None,
                    help="cost table file: loaded when it exists (refused if measured for another model, backend, "
-                        "device, precision or thread count), else measured at warm-up and saved there")
+                        "device, precision, thread count or CPU), else measured at warm-up and saved there")
+    p.add_argument("--cost-profile-dir", default=None,
+                   help="without --cost-profile: cache of measured cost tables, one per model, backend, threads "
+                        "and batch size; a cached table that does not match is measured again and replaced; "
+                        "'none': measure at every start (default: $RMSCORE_CACHE_DIR/cost-profiles, else "
+                        "$XDG_CACHE_HOME/rmscore/cost-profiles, else ~/.cache/rmscore/cost-profiles)")
     _add_text_arguments(p)
 
 
@@ -327,10 +341,17 @@ def from_args(a: argparse.Namespace) -> ServeConfig:
         tls_cert_file=_path("tls-cert-file", a.tls_cert_file), tls_key_file=_path("tls-key-file", a.tls_key_file),
         auth_token_file=_path("auth-token-file", a.auth_token_file),
         cost_profile=_path("cost-profile", a.cost_profile), cost_profile_seconds=a.cost_profile_seconds,
+        cost_profile_dir=_profile_dir(getattr(a, "cost_profile_dir", None)),
         model_workers=parse_workers(a.model_workers),
         strip_strings=tuple(getattr(a, "strip_strings", ())), chat_template=getattr(a, "chat_template", None),
         max_concurrent_streams=a.max_concurrent_streams, max_stream_items_in_flight=a.max_stream_items_in_flight,
         body_timeout_seconds=a.body_timeout_seconds, max_buffered_request_bytes=a.max_buffered_request_bytes)
+
+
+def _profile_dir(value: str | None) -> pathlib.Path | None:
+    if value is None:
+        return cost_profile_default_dir()
+    return None if value == "none" else _path("cost-profile-dir", value)
 
 
 def _path(flag: str, value: str | None) -> pathlib.Path | None:

@@ -5,8 +5,15 @@ At warm-up a server times a small grid of batch shapes on its own runtime (`meas
 it instead of measuring again. A profile holds the identity of what it measured (model version,
 backend, device, precision, threads): one measured for anything else is refused with a message
 naming what differs, and a file that is not a profile is refused as such. Nothing is served from
-a refused profile: the server does not start. The C++ server reads and writes the same format
-(server_cpp/src/cost.cc).
+a refused profile: the server does not start.
+
+Without `--cost-profile` the table is kept in a cache directory (`--cost-profile-dir`, by default
+$RMSCORE_CACHE_DIR/cost-profiles, else $XDG_CACHE_HOME/rmscore/cost-profiles, else
+~/.cache/rmscore/cost-profiles), one file per model, backend, device, precision, thread count and
+batch size limit, so `cost_aware`, the default, measures once per machine and not at every start.
+The cache is lenient where `--cost-profile` is strict: a cached file measured for anything else (the
+model's version, another CPU) or corrupt is not used; the server says why, measures again and
+replaces it. The C++ server reads and writes the same format and the same cache (server_cpp/src/cost_profile.cc).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import time
 from typing import Callable
 
@@ -22,23 +30,75 @@ from rmscore.core.cost import CostError, CostTable, grid
 FORMAT = "rmscore-cost-profile/1"
 #: What a profile must match, in the order a mismatch is reported.
 #: model_workers 0 (--model-workers auto) matches any count: the server then runs the profile's.
-IDENTITY_KEYS = ("model", "model_version", "backend", "device", "precision", "intra_op_threads", "model_workers")
+IDENTITY_KEYS = ("model", "model_version", "backend", "device", "precision", "intra_op_threads", "model_workers",
+                 "cpu")
+#: Where the CPU's name is read (the C++ server reads the same line).
+CPUINFO = pathlib.Path("/proc/cpuinfo")
 
 
 class ProfileError(ValueError):
     pass
 
 
+def cpu_model(cpuinfo: pathlib.Path = CPUINFO) -> str:
+    """The CPU's name as the kernel gives it (the first `model name` line), or "unknown": what a table
+    was measured on, since the same model costs differently on an AMD EPYC and an Intel Xeon."""
+    try:
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, sep, value = line.partition(":")
+            if sep and key.strip() == "model name":
+                return value.strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
 def identity(repo, cfg) -> dict:
     """What a profile for a server of this model repository and ServeConfig must match."""
     return {"model": repo.name, "model_version": repo.version, "backend": cfg.backend, "device": cfg.device,
-            "precision": cfg.precision, "intra_op_threads": cfg.intra_op_threads, "model_workers": cfg.model_workers}
+            "precision": cfg.precision, "intra_op_threads": cfg.intra_op_threads, "model_workers": cfg.model_workers,
+            "cpu": cpu_model()}
 
 
-def load(path: pathlib.Path, identity: dict) -> tuple[CostTable, int]:
+def default_dir(env=None) -> pathlib.Path:
+    """The cache directory of cost profiles when --cost-profile-dir is not given (module docstring)."""
+    env = os.environ if env is None else env
+    if env.get("RMSCORE_CACHE_DIR"):
+        base = pathlib.Path(env["RMSCORE_CACHE_DIR"])
+    elif env.get("XDG_CACHE_HOME"):
+        base = pathlib.Path(env["XDG_CACHE_HOME"]) / "rmscore"
+    else:
+        base = pathlib.Path(env.get("HOME") or "/tmp") / ".cache" / "rmscore"
+    return base / "cost-profiles"
+
+
+def cache_path(directory: pathlib.Path, identity: dict, max_batch_size: int) -> pathlib.Path:
+    """The cached profile's file for a server of `identity`: the parts that pick a table in its name,
+    the rest (model version, CPU, workers) checked inside it, so a mismatch can be reported. The same
+    name in C++ (cost_profile::CachePath)."""
+    name = "-".join(str(v) for v in (identity["model"], identity["backend"], identity["device"],
+                                     identity["precision"], f"{identity['intra_op_threads']}t", f"b{max_batch_size}"))
+    return directory / (re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".json")
+
+
+def load_cached(path: pathlib.Path, identity: dict, progress: Callable[[str], None]) -> tuple[CostTable, int] | None:
+    """The cached table and its model workers, or None (said through `progress`, with the reason) when
+    there is none or it cannot be used: then the server measures again and replaces it."""
+    if not path.exists():
+        progress(f"cost profile: none cached at {path}: measuring")
+        return None
+    try:
+        return load(path, identity, where=f"cached cost profile {path}")
+    except ProfileError as e:
+        progress(f"cost profile: not used: {e}; measuring again (the file will be replaced)")
+        return None
+
+
+def load(path: pathlib.Path, identity: dict, where: str | None = None) -> tuple[CostTable, int]:
     """The table in `path` and the model workers it was measured with, or ProfileError saying why it
     cannot be used by a server of `identity`."""
-    where = f"--cost-profile {path}"
+    strict = where is None  # --cost-profile: the operator's file, refused with what to do about it
+    where = where or f"--cost-profile {path}"
     try:
         doc = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
@@ -52,7 +112,8 @@ def load(path: pathlib.Path, identity: dict) -> tuple[CostTable, int]:
             continue
         if theirs.get(key) != identity[key]:
             raise ProfileError(f"{where}: measured for {key}={theirs.get(key)!r}, but this server runs "
-                               f"{key}={identity[key]!r}; remove the file (or name another) to measure again")
+                               f"{key}={identity[key]!r}"
+                               + ("; remove the file (or name another) to measure again" if strict else ""))
     try:
         return CostTable.from_json(doc.get("table")), theirs["model_workers"]
     except CostError as e:

@@ -64,11 +64,20 @@ class ScoringCore:
         # A saved profile is checked before anything loads: a wrong one refuses to start at once.
         self.cost_identity = cost_profile.identity(self.repo, cfg)
         self.cost_table: CostTable | None = None
+        # Where a measured table is saved: --cost-profile, else the cache (None: not saved).
+        self.cost_profile_path: pathlib.Path | None = cfg.cost_profile
+        loaded = None
         if cfg.cost_profile is not None and cfg.cost_profile.exists():
             try:
-                self.cost_table, workers = cost_profile.load(cfg.cost_profile, self.cost_identity)
+                loaded = cost_profile.load(cfg.cost_profile, self.cost_identity)
             except cost_profile.ProfileError as e:
                 raise ConfigError(str(e)) from None
+        elif cfg.cost_profile is None and cfg.batching == COST_AWARE and cfg.cost_profile_dir is not None:
+            self.cost_profile_path = cost_profile.cache_path(cfg.cost_profile_dir, self.cost_identity,
+                                                             cfg.max_batch_size)
+            loaded = cost_profile.load_cached(self.cost_profile_path, self.cost_identity, runtimes.progress)
+        if loaded is not None:
+            self.cost_table, workers = loaded
             self.cost_identity["model_workers"] = workers  # auto takes the profile's: no second measurement
 
     # ---- start-up -------------------------------------------------------------------------
@@ -129,13 +138,27 @@ class ScoringCore:
 
             self.cost_table, spent = cost_profile.measure(run, self.cfg.max_batch_size, self.repo.max_sequence_length,
                                                           self.cfg.cost_profile_seconds, runtimes.progress)
-            if self.cfg.cost_profile is not None:
-                cost_profile.save(self.cfg.cost_profile, self.cost_table, self.cost_identity, spent)
-                runtimes.progress(f"cost profile saved to {self.cfg.cost_profile}")
+            self._save_cost_profile(spent)
         else:
-            runtimes.progress(f"cost profile loaded from {self.cfg.cost_profile}")
+            runtimes.progress(f"cost profile loaded from {self.cost_profile_path}")
         runtimes.progress(cost_profile.describe(self.cost_table))
         return CostModel(self.cost_table)
+
+    def _save_cost_profile(self, spent: float) -> None:
+        path = self.cost_profile_path
+        if path is None:
+            return
+        try:
+            if path != self.cfg.cost_profile:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            cost_profile.save(path, self.cost_table, self.cost_identity, spent)
+        except OSError as e:
+            if path == self.cfg.cost_profile:
+                raise  # the operator named this file: not writing it is a failed start
+            # A read-only home (a container) costs the next start a measurement, not this one its start.
+            runtimes.progress(f"cost profile: cannot cache it at {path}: {e}; serving without saving it")
+            return
+        runtimes.progress(f"cost profile saved to {path}")
 
     def _work_seed(self) -> float:
         """Admission's first rate (core/admission.py), model microseconds per token: one batch of
