@@ -57,6 +57,7 @@ grpc::Status Batcher::Submit(const std::shared_ptr<Job>& job) {
     job->remaining_ = job->seqs_.size();
     job->first_seq_id_ = next_seq_id_;
     for (size_t i = 0; i < job->seqs_.size(); ++i) {
+      index_.Add(Waiting{next_seq_id_, arrival, job->seqs_[i].length, job->deadline_us_}, int64_t(next_seq_id_));
       queue_.emplace(next_seq_id_++, Queued{job, i, arrival});
       work_.Add(job->seqs_[i].length);
     }
@@ -146,14 +147,14 @@ std::optional<Batcher::Batch> Batcher::NextBatchLocked(std::unique_lock<std::mut
       continue;
     }
     const int64_t now = NowUs();
-    const Decision d = Plan(WaitingLocked(), now, opts_.planner, opts_.cost ? &opts_.cost->table() : nullptr,
-                           work_.us_per_token());
     const grpc::Status expired(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded before scoring");
-    for (uint64_t id : d.expired) {
+    for (uint64_t id : index_.Expired(now)) {
       // All of a job's sequences share its deadline: the first one fails (and removes) them all.
       auto it = queue_.find(id);
       if (it != queue_.end()) FailLocked(it->second.job, expired, "deadline", answers);
     }
+    const Decision d = PlanLive(index_, now, opts_.planner, opts_.cost ? &opts_.cost->table() : nullptr,
+                                work_.us_per_token());
     if (!d.batch.empty()) return TakeBatchLocked(d.batch, now);
     if (!answers->empty()) return std::nullopt;
     if (d.wait_us) {
@@ -163,16 +164,6 @@ std::optional<Batcher::Batch> Batcher::NextBatchLocked(std::unique_lock<std::mut
     }
   }
   return std::nullopt;
-}
-
-// Precondition: mu_ held. The planner's view of the queue, in arrival order.
-std::vector<Waiting> Batcher::WaitingLocked() const {
-  std::vector<Waiting> waiting;
-  waiting.reserve(queue_.size());
-  for (const auto& [id, q] : queue_) {
-    waiting.push_back(Waiting{id, q.arrival_us, q.job->seqs_[q.index].length, q.job->deadline_us_});
-  }
-  return waiting;
 }
 
 // Precondition: mu_ held. Removes `ids` from the queue and packs them: the views are read here, under
@@ -187,6 +178,7 @@ Batcher::Batch Batcher::TakeBatchLocked(const std::vector<uint64_t>& ids, int64_
     metrics_->QueueWait(double(now_us - it->second.arrival_us) / 1e6);
     b.seqs.push_back(std::move(it->second));
     queue_.erase(it);
+    index_.Remove(id);
     work_.Remove(views.back().length);
   }
   b.packed = Pack(views, opts_.pad_token_id);
@@ -276,6 +268,7 @@ bool Batcher::EraseLocked(uint64_t id) {
   if (it == queue_.end()) return false;
   work_.Remove(it->second.job->seqs_[it->second.index].length);
   queue_.erase(it);
+  index_.Remove(id);
   return true;
 }
 

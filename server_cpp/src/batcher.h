@@ -133,7 +133,6 @@ class Batcher {
   // Precondition for the *Locked steps: mu_ held (NextBatchLocked through `lk`).
   grpc::Status RefusalLocked(int64_t n) const;
   std::optional<Batch> NextBatchLocked(std::unique_lock<std::mutex>& lk, Answers* answers);
-  std::vector<Waiting> WaitingLocked() const;
   Batch TakeBatchLocked(const std::vector<uint64_t>& ids, int64_t now_us);
   // Removes a sequence from the queue (false when it is not there).
   bool EraseLocked(uint64_t id);
@@ -155,6 +154,9 @@ class Batcher {
   std::condition_variable work_cv_;  // for the batcher threads: a job arrived or was cancelled, work is left, stop
   std::condition_variable idle_cv_;  // for Drain: in_flight_ reached 0
   std::map<uint64_t, Queued> queue_;  // by sequence id, which is arrival order
+  // The planner's view of queue_, kept beside it (planner.h): a decision reads O(max_batch_size) of it
+  // instead of rebuilding and sorting every waiting sequence.
+  QueueIndex index_;
   QueueWork work_;                    // the queue's tokens and their model time
   uint64_t next_seq_id_ = 1;
   size_t in_flight_ = 0;  // accepted, callback not yet run

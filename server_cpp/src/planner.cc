@@ -1,7 +1,6 @@
 #include "planner.h"
 
 #include <algorithm>
-#include <numeric>
 #include <stdexcept>
 
 namespace rmscore {
@@ -28,66 +27,57 @@ std::optional<int64_t> Earliest(std::optional<int64_t> a, std::optional<int64_t>
   return std::min(*a, *b);
 }
 
-// Indices into `live` (queue order among the live sequences).
+// The chosen sequences' ids (any order), and whether waiting could not help.
 struct Chosen {
-  std::vector<size_t> idx;
+  std::vector<uint64_t> ids;
   bool full = false;
 };
 
 // Arrival order, as many as the size, padded-token and deadline limits allow.
-Chosen Fifo(const std::vector<const Waiting*>& live, const PlannerConfig& cfg, const BatchClock& clock) {
+Chosen Fifo(const QueueIndex& index, const PlannerConfig& cfg, const BatchClock& clock) {
   Chosen c;
-  c.idx.push_back(0);
-  int64_t longest = live[0]->length;
-  std::optional<int64_t> earliest = live[0]->deadline_us;
-  for (size_t i = 1; i < live.size(); ++i) {
-    const int64_t next_longest = std::max(longest, live[i]->length);
-    const std::optional<int64_t> by = Earliest(earliest, live[i]->deadline_us);
-    const int64_t count = int64_t(c.idx.size()) + 1;
+  auto it = index.by_arrival().begin();
+  const Waiting& first = index.Get(it->second);
+  c.ids.push_back(first.id);
+  int64_t longest = first.length;
+  std::optional<int64_t> earliest = first.deadline_us;
+  for (++it; it != index.by_arrival().end(); ++it) {
+    const Waiting& w = index.Get(it->second);
+    const int64_t next_longest = std::max(longest, w.length);
+    const std::optional<int64_t> by = Earliest(earliest, w.deadline_us);
+    const int64_t count = int64_t(c.ids.size()) + 1;
     if (!Fits(count, next_longest, cfg) || !clock.InTime(count, next_longest, by)) {
       c.full = true;
       return c;
     }
-    c.idx.push_back(i);
+    c.ids.push_back(w.id);
     longest = next_longest;
     earliest = by;
   }
   return c;
 }
 
-// Indices into `live` in length order (ties: queue order).
-std::vector<size_t> ByLength(const std::vector<const Waiting*>& live) {
-  std::vector<size_t> by_len(live.size());
-  std::iota(by_len.begin(), by_len.end(), 0);
-  std::sort(by_len.begin(), by_len.end(), [&](size_t a, size_t b) {
-    return live[a]->length != live[b]->length ? live[a]->length < live[b]->length : a < b;
-  });
-  return by_len;
-}
-
-size_t Position(const std::vector<size_t>& by_len, size_t index) {
-  return size_t(std::find(by_len.begin(), by_len.end(), index) - by_len.begin());
+// The ids of by_length()[lo..hi].
+std::vector<uint64_t> Window(const QueueIndex& index, size_t lo, size_t hi) {
+  std::vector<uint64_t> ids;
+  for (size_t i = lo; i <= hi; ++i) ids.push_back(index.by_length()[i].id);
+  return ids;
 }
 
 // Grows a window around the oldest sequence in length order (see planner.py):
 // the oldest is always in, so nothing starves; each step takes the neighbour
 // adding the least padding (ties: the shorter), else the other if it fits.
-Chosen LengthAware(const std::vector<const Waiting*>& live, const PlannerConfig& cfg, const BatchClock& clock) {
-  const std::vector<size_t> by_len = ByLength(live);
-  const size_t pos = Position(by_len, 0);
+Chosen LengthAware(const QueueIndex& index, const PlannerConfig& cfg, const BatchClock& clock) {
+  const std::vector<QueueIndex::Entry>& by_len = index.by_length();
+  const Waiting& oldest = index.Oldest();
+  const size_t pos = index.Position(oldest);
   size_t lo = pos, hi = pos;
-  int64_t longest = live[0]->length;
-  std::optional<int64_t> earliest = live[0]->deadline_us;
+  int64_t longest = oldest.length;
+  std::optional<int64_t> earliest = oldest.deadline_us;
   int64_t count = 1;
-  auto window = [&](bool full) {
-    Chosen c;
-    c.idx.assign(by_len.begin() + lo, by_len.begin() + hi + 1);
-    c.full = full;
-    return c;
-  };
   while (true) {
     const bool has_left = lo > 0, has_right = hi + 1 < by_len.size();
-    if (!has_left && !has_right) return window(false);
+    if (!has_left && !has_right) return Chosen{Window(index, lo, hi), false};
     struct Option {
       int64_t padding;
       int side;  // 0: shorter (left), 1: longer (right); orders ties like Python's tuple sort
@@ -97,11 +87,11 @@ Chosen LengthAware(const std::vector<const Waiting*>& live, const PlannerConfig&
     Option opts[2];
     int n = 0;
     if (has_left) {
-      const Waiting& w = *live[by_len[lo - 1]];
+      const Waiting& w = index.Get(by_len[lo - 1].id);
       opts[n++] = {longest - w.length, 0, longest, w.deadline_us};
     }
     if (has_right) {
-      const Waiting& w = *live[by_len[hi + 1]];
+      const Waiting& w = index.Get(by_len[hi + 1].id);
       opts[n++] = {count * (w.length - longest), 1, w.length, w.deadline_us};
     }
     std::sort(opts, opts + n, [](const Option& a, const Option& b) {
@@ -115,7 +105,7 @@ Chosen LengthAware(const std::vector<const Waiting*>& live, const PlannerConfig&
         pick = &opts[k];
       }
     }
-    if (!pick) return window(true);
+    if (!pick) return Chosen{Window(index, lo, hi), true};
     earliest = Earliest(earliest, pick->deadline_us);
     if (pick->side == 0) {
       --lo;
@@ -145,23 +135,23 @@ int64_t BestSize(int64_t length, const PlannerConfig& cfg, const CostTable& cost
 // k / cost(k, longest) wins (ties: the larger batch, which clears more), compared by cross
 // multiplication in integers. "Full": the best size for this batch's length on this machine is
 // reached already, so waiting cannot help (on a CPU often 1; on a GPU large).
-Chosen CostAware(const std::vector<const Waiting*>& live, const PlannerConfig& cfg, const CostTable& cost,
-                 const BatchClock& clock) {
-  const std::vector<size_t> by_len = ByLength(live);
-  const size_t pos = Position(by_len, 0);
-  int64_t best_k = 1, best_us = cost.BatchUs(1, live[0]->length);
+Chosen CostAware(const QueueIndex& index, const PlannerConfig& cfg, const CostTable& cost, const BatchClock& clock) {
+  const std::vector<QueueIndex::Entry>& by_len = index.by_length();
+  const Waiting& oldest = index.Oldest();
+  const size_t pos = index.Position(oldest);
+  int64_t best_k = 1, best_us = cost.BatchUs(1, oldest.length);
   size_t best_hi = pos;
   bool in_time = true;
-  const int64_t most = std::min<int64_t>(cfg.max_batch_size, int64_t(live.size()));
+  // The window of k holds the window of k - 1 and one more (it grows down to 0, then up): its earliest
+  // deadline is kept as it grows, and only comes sooner with k, so the first k out of time ends it.
+  std::optional<int64_t> earliest = oldest.deadline_us;
+  const int64_t most = std::min<int64_t>(cfg.max_batch_size, int64_t(by_len.size()));
   for (int64_t k = 2; k <= most; ++k) {
     const size_t hi = std::max(pos, size_t(k - 1));
-    const int64_t longest = live[by_len[hi]]->length;
+    const int64_t longest = by_len[hi].length;
     if (!Fits(k, longest, cfg)) break;  // k * longest only grows with k
-    // The window of k holds the window of k - 1: the earliest deadline only comes sooner with k.
-    std::optional<int64_t> earliest;
-    if (clock.us_per_token > 0) {  // without a rate there is no cap: skip the O(k) scan
-      for (size_t i = hi + 1 - size_t(k); i <= hi; ++i) earliest = Earliest(earliest, live[by_len[i]]->deadline_us);
-    }
+    const size_t joined = size_t(k - 1) <= pos ? pos + 1 - size_t(k) : hi;
+    earliest = Earliest(earliest, index.Get(by_len[joined].id).deadline_us);
     if (!clock.InTime(k, longest, earliest)) {
       in_time = false;
       break;
@@ -169,56 +159,93 @@ Chosen CostAware(const std::vector<const Waiting*>& live, const PlannerConfig& c
     const int64_t us = cost.BatchUs(k, longest);
     if (k * best_us >= best_k * us) best_k = k, best_us = us, best_hi = hi;
   }
-  Chosen c;
-  c.idx.assign(by_len.begin() + (best_hi + 1 - size_t(best_k)), by_len.begin() + best_hi + 1);
-  c.full = !in_time || best_k >= BestSize(live[by_len[best_hi]]->length, cfg, cost);
+  Chosen c{Window(index, best_hi + 1 - size_t(best_k), best_hi), false};
+  c.full = !in_time || best_k >= BestSize(by_len[best_hi].length, cfg, cost);
   return c;
 }
 
 // No sequence arriving later could join (planner.py's _closed): the batch is at
 // the size limit, or one more of even its current longest length would break
 // the token budget. Waiting for the delay gains nothing.
-bool Closed(const std::vector<const Waiting*>& live, const Chosen& c, const PlannerConfig& cfg) {
+bool Closed(const QueueIndex& index, const Chosen& c, const PlannerConfig& cfg) {
   int64_t longest = 0;
-  for (size_t i : c.idx) longest = std::max(longest, live[i]->length);
-  return !Fits(int64_t(c.idx.size()) + 1, longest, cfg);
+  for (uint64_t id : c.ids) longest = std::max(longest, index.Get(id).length);
+  return !Fits(int64_t(c.ids.size()) + 1, longest, cfg);
 }
 
 }  // namespace
 
+void QueueIndex::Add(const Waiting& w, int64_t rank) {
+  by_id_.emplace(w.id, std::make_pair(w, rank));
+  by_arrival_.emplace(rank, w.id);
+  const Entry e{w.length, rank, w.id};
+  by_length_.insert(std::lower_bound(by_length_.begin(), by_length_.end(), e), e);
+  if (w.deadline_us) deadlines_.emplace(*w.deadline_us, w.id);
+}
+
+bool QueueIndex::Remove(uint64_t id) {
+  auto it = by_id_.find(id);
+  if (it == by_id_.end()) return false;
+  const auto& [w, rank] = it->second;
+  by_arrival_.erase(rank);
+  by_length_.erase(std::lower_bound(by_length_.begin(), by_length_.end(), Entry{w.length, rank, id}));
+  if (w.deadline_us) deadlines_.erase({*w.deadline_us, id});
+  by_id_.erase(it);
+  return true;
+}
+
+size_t QueueIndex::Position(const Waiting& w) const {
+  return size_t(std::lower_bound(by_length_.begin(), by_length_.end(), Entry{w.length, Rank(w.id), w.id}) -
+                by_length_.begin());
+}
+
+std::vector<uint64_t> QueueIndex::Expired(int64_t now_us) const {
+  std::vector<uint64_t> out;
+  for (auto it = deadlines_.begin(); it != deadlines_.end() && it->first <= now_us; ++it) out.push_back(it->second);
+  return out;
+}
+
+Decision PlanLive(const QueueIndex& index, int64_t now_us, const PlannerConfig& cfg, const CostTable* cost,
+                  double us_per_token) {
+  Decision d;
+  if (index.size() == 0) return d;
+  const BatchClock clock{now_us, us_per_token};
+  Chosen chosen;
+  if (cfg.mode == BatchingMode::kFifo) {
+    chosen = Fifo(index, cfg, clock);
+  } else if (cfg.mode == BatchingMode::kCostAware) {
+    if (!cost) throw std::invalid_argument("the cost_aware planner needs a cost table");
+    chosen = CostAware(index, cfg, *cost, clock);
+  } else {
+    chosen = LengthAware(index, cfg, clock);
+  }
+  const int64_t due_us = index.Oldest().arrival_us + cfg.max_queue_delay_us;
+  if (chosen.full || Closed(index, chosen, cfg) || now_us >= due_us) {
+    // Report the batch in queue order.
+    std::sort(chosen.ids.begin(), chosen.ids.end(),
+              [&](uint64_t a, uint64_t b) { return index.Rank(a) < index.Rank(b); });
+    d.batch = std::move(chosen.ids);
+  } else {
+    d.wait_us = due_us - now_us;
+  }
+  return d;
+}
+
 Decision Plan(const std::vector<Waiting>& queue, int64_t now_us, const PlannerConfig& cfg, const CostTable* cost,
               double us_per_token) {
   Decision d;
-  std::vector<const Waiting*> live;
-  live.reserve(queue.size());
+  QueueIndex index;
+  int64_t rank = 0;
   for (const Waiting& w : queue) {
     if (w.deadline_us && *w.deadline_us <= now_us) {
       d.expired.push_back(w.id);
     } else {
-      live.push_back(&w);
+      index.Add(w, rank++);
     }
   }
-  if (live.empty()) return d;
-
-  const BatchClock clock{now_us, us_per_token};
-  Chosen chosen;
-  if (cfg.mode == BatchingMode::kFifo) {
-    chosen = Fifo(live, cfg, clock);
-  } else if (cfg.mode == BatchingMode::kCostAware) {
-    if (!cost) throw std::invalid_argument("the cost_aware planner needs a cost table");
-    chosen = CostAware(live, cfg, *cost, clock);
-  } else {
-    chosen = LengthAware(live, cfg, clock);
-  }
-  const int64_t due_us = live[0]->arrival_us + cfg.max_queue_delay_us;
-  if (chosen.full || Closed(live, chosen, cfg) || now_us >= due_us) {
-    // Report the batch in queue order.
-    std::sort(chosen.idx.begin(), chosen.idx.end());
-    d.batch.reserve(chosen.idx.size());
-    for (size_t i : chosen.idx) d.batch.push_back(live[i]->id);
-  } else {
-    d.wait_us = due_us - now_us;
-  }
+  Decision live = PlanLive(index, now_us, cfg, cost, us_per_token);
+  d.batch = std::move(live.batch);
+  d.wait_us = live.wait_us;
   return d;
 }
 

@@ -5,7 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <set>
+#include <unordered_map>
 #include <vector>
 
 #include "config.h"
@@ -36,7 +39,51 @@ struct Decision {
   std::optional<int64_t> wait_us;
 };
 
-// `queue` is in arrival order; ids are unique. `cost` is required by cost_aware (std::invalid_argument
+// The live waiting sequences in the orders the planner searches, kept as they change (planner.py's
+// QueueIndex): arrival (by rank), length (a sorted vector of (length, rank, id): equal lengths keep
+// arrival order) and deadline. The batcher keeps one beside its queue, so a decision reads
+// O(max_batch_size) entries and binary searches whatever is queued instead of rebuilding and sorting
+// every waiting sequence (1.7 ms at 4,096 queued, paid per sequence when the planner picks batches of
+// one). Plan builds one from a list. Not thread-safe: the batcher's mu_ guards it.
+class QueueIndex {
+ public:
+  struct Entry {
+    int64_t length;
+    int64_t rank;
+    uint64_t id;
+    bool operator<(const Entry& o) const {
+      if (length != o.length) return length < o.length;
+      return rank != o.rank ? rank < o.rank : id < o.id;
+    }
+  };
+  // `rank` grows with arrival (the batcher uses the sequence id itself).
+  void Add(const Waiting& w, int64_t rank);
+  bool Remove(uint64_t id);
+  size_t size() const { return by_id_.size(); }
+  const Waiting& Get(uint64_t id) const { return by_id_.at(id).first; }
+  int64_t Rank(uint64_t id) const { return by_id_.at(id).second; }
+  const Waiting& Oldest() const { return Get(by_arrival_.begin()->second); }
+  const std::map<int64_t, uint64_t>& by_arrival() const { return by_arrival_; }  // rank -> id
+  const std::vector<Entry>& by_length() const { return by_length_; }
+  // Where `w` sits in by_length().
+  size_t Position(const Waiting& w) const;
+  // Ids whose deadline is at or before `now_us`, soonest first (ties: id); they stay until removed.
+  std::vector<uint64_t> Expired(int64_t now_us) const;
+
+ private:
+  std::unordered_map<uint64_t, std::pair<Waiting, int64_t>> by_id_;
+  std::map<int64_t, uint64_t> by_arrival_;
+  std::vector<Entry> by_length_;
+  std::set<std::pair<int64_t, uint64_t>> deadlines_;
+};
+
+// Plan over an index of live sequences (none expired at `now_us`: the caller removed them); `expired`
+// stays empty.
+Decision PlanLive(const QueueIndex& index, int64_t now_us, const PlannerConfig& cfg, const CostTable* cost = nullptr,
+                  double us_per_token = 0);
+
+// `queue` is in arrival order; ids are unique. The reference form: it indexes the live sequences and
+// asks PlanLive, as the batcher does with the index it keeps. `cost` is required by cost_aware (std::invalid_argument
 // without it) and ignored by the other modes. `us_per_token` > 0 (the admission's measured model
 // microseconds per token) keeps every batch inside its members' deadlines: it grows only while its
 // padded tokens times that rate end before the earliest of them; the oldest still runs, alone if need be.

@@ -2,7 +2,9 @@
 // the same file server_py's planner is held to: decisions must be identical.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
+#include <random>
 #include <nlohmann/json.hpp>
 
 #include "admission.h"
@@ -120,6 +122,50 @@ TEST(Planner, OversizedOldestStillRunsAlone) {
   PlannerConfig cfg{8, 100, 0, BatchingMode::kLengthAware};
   const Decision d = Plan({Waiting{1, 0, 500, std::nullopt}, Waiting{2, 0, 10, std::nullopt}}, 0, cfg);
   EXPECT_EQ(d.batch, std::vector<uint64_t>{1});
+}
+
+// The batcher keeps a QueueIndex as sequences come and go; every decision on it must be the reference's
+// on the same queue rebuilt as a list (tests/unit/test_planner.py has the same case).
+TEST(Planner, AnIndexKeptThroughAddsAndRemovesDecidesAsTheListDoes) {
+  const json vectors = LoadVectors();
+  const CostTable table = CostTable::FromJson(vectors.at("cost_tables").at(0).at("table"));
+  std::mt19937_64 rng(7);
+  auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  const int64_t lengths[] = {4, 16, 16, 100, 300, 512};
+  for (BatchingMode mode : {BatchingMode::kFifo, BatchingMode::kLengthAware, BatchingMode::kCostAware}) {
+    PlannerConfig cfg{8, 2048, 500, mode};
+    QueueIndex index;
+    std::vector<Waiting> queue;
+    uint64_t next_id = 1;
+    int64_t now = 0;
+    for (int step = 0; step < 600; ++step) {
+      now += uniform(0, 300);
+      if (!queue.empty() && uniform(0, 9) < 4) {
+        const size_t gone = size_t(uniform(0, int64_t(queue.size()) - 1));
+        ASSERT_TRUE(index.Remove(queue[gone].id));
+        queue.erase(queue.begin() + gone);
+      } else {
+        std::optional<int64_t> deadline;
+        if (uniform(0, 1)) deadline = now + uniform(0, 5000);
+        queue.push_back(Waiting{next_id, now, lengths[uniform(0, 5)], deadline});
+        index.Add(queue.back(), int64_t(next_id));
+        ++next_id;
+      }
+      const double rate = uniform(0, 1) ? 2.0 : 0.0;
+      const Decision reference = Plan(queue, now, cfg, &table, rate);
+      std::vector<uint64_t> expired = index.Expired(now), want = reference.expired;
+      std::sort(expired.begin(), expired.end());
+      std::sort(want.begin(), want.end());
+      ASSERT_EQ(expired, want) << step;
+      for (uint64_t id : reference.expired) {
+        index.Remove(id);
+        queue.erase(std::find_if(queue.begin(), queue.end(), [&](const Waiting& w) { return w.id == id; }));
+      }
+      const Decision live = PlanLive(index, now, cfg, &table, rate);
+      ASSERT_EQ(live.batch, reference.batch) << step;
+      ASSERT_EQ(live.wait_us, reference.wait_us) << step;
+    }
+  }
 }
 
 }  // namespace

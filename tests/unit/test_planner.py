@@ -78,3 +78,36 @@ def test_admission_matches_vector(case):
     w.remove(case["tokens"])
     w.batch_ended(case.get("running", 0))
     assert w.wait_us() == 0 and w.refusal(case["now_us"], case["deadline_us"]) is None  # empty again: accepted
+
+
+@pytest.mark.parametrize("mode", ["fifo", "length_aware", "cost_aware"])
+def test_an_index_kept_through_adds_and_removes_decides_as_the_list_does(mode):
+    """The batcher keeps a QueueIndex as sequences come and go; every decision on it must be the
+    reference's on the same queue rebuilt as a list (which the shared vectors hold)."""
+    import random
+
+    from rmscore.core.planner import QueueIndex, plan_live
+
+    rng = random.Random(7)
+    table = CostTable.from_json(VECTORS["cost_tables"][0]["table"])
+    cfg = PlannerConfig(8, 2048, 500, mode)
+    index, queue, next_id, now = QueueIndex(), [], 1, 0
+    for step in range(600):
+        now += rng.randint(0, 300)
+        if queue and rng.random() < 0.4:
+            gone = rng.choice(queue)  # a cancel, or a sequence taken by a batch
+            queue.remove(gone)
+            assert index.remove(gone.id) == gone
+        else:
+            deadline = None if rng.random() < 0.5 else now + rng.randint(0, 5000)
+            w = Waiting(next_id, now, rng.choice([4, 16, 16, 100, 300, 512]), deadline)
+            queue.append(w)
+            index.add(w, next_id)
+            next_id += 1
+        rate = rng.choice([0.0, 2.0])  # deadlines cut batches only with a rate
+        reference = plan(queue, now, cfg, table, rate)
+        assert sorted(index.expired(now)) == sorted(reference.expired)
+        for seq_id in reference.expired:  # the batcher fails these before it plans
+            queue.remove(index.remove(seq_id))
+        live = plan_live(index, now, cfg, table, rate)
+        assert (live.batch, live.wait_us) == (reference.batch, reference.wait_us), step

@@ -27,7 +27,7 @@ from rmscore.core.admission import QueueWork
 from rmscore.core.cost import CostModel
 from rmscore.core.errors import Code, ScoreError
 from rmscore.core.metrics import Metrics
-from rmscore.core.planner import PlannerConfig, Waiting, plan
+from rmscore.core.planner import PlannerConfig, QueueIndex, Waiting, plan_live
 from rmscore.model.modeling import pad_batch
 
 
@@ -122,6 +122,9 @@ class Batcher:
         self._work_cv = threading.Condition(self._mu)  # for the batcher thread: a job arrived or was cancelled, stop
         self._idle_cv = threading.Condition(self._mu)  # for drain: _in_flight reached 0
         self._queue: dict[int, _Queued] = {}  # by sequence id, which is arrival order
+        # The planner's view of the queue, kept beside it (planner.QueueIndex): a decision then reads
+        # O(max_batch_size) of it instead of rebuilding and sorting every waiting sequence.
+        self._index = QueueIndex()
         # The queue's tokens and their model time.
         self._work = QueueWork(len(models), opts.max_queue_wait_us, opts.seed_us_per_token)
         self._next_seq_id = 1
@@ -153,6 +156,7 @@ class Batcher:
             job.first_seq_id = self._next_seq_id
             for i, seq in enumerate(job.seqs):
                 self._queue[self._next_seq_id] = _Queued(job, i, arrival)
+                self._index.add(Waiting(self._next_seq_id, arrival, len(seq), job.deadline_us), self._next_seq_id)
                 self._work.add(len(seq))
                 self._next_seq_id += 1
             self._in_flight += 1
@@ -244,14 +248,14 @@ class Batcher:
                 self._work_cv.wait()
                 continue
             now = _now_us()
-            cost = self._opts.cost.table if self._opts.cost is not None else None
-            decision = plan(self._waiting_locked(), now, self._opts.planner, cost, self._work.us_per_token)
             expired = ScoreError(Code.DEADLINE_EXCEEDED, "deadline exceeded before scoring")
-            for seq_id in decision.expired:
+            for seq_id in self._index.expired(now):
                 # All of a job's sequences share its deadline: the first one fails (and removes) them all.
                 q = self._queue.get(seq_id)
                 if q is not None:
                     self._fail_locked(q.job, expired, "deadline", answers)
+            cost = self._opts.cost.table if self._opts.cost is not None else None
+            decision = plan_live(self._index, now, self._opts.planner, cost, self._work.us_per_token)
             if decision.batch:
                 return self._take_batch_locked(decision.batch, now)
             if answers:
@@ -259,11 +263,6 @@ class Batcher:
             # An arrival or a cancel wakes it early.
             self._work_cv.wait(None if decision.wait_us is None else decision.wait_us / 1e6)
         return None
-
-    def _waiting_locked(self) -> list[Waiting]:
-        """Precondition: _mu held. The planner's view of the queue, in arrival order."""
-        return [Waiting(seq_id, q.arrival_us, len(q.job.seqs[q.index]), q.job.deadline_us)
-                for seq_id, q in self._queue.items()]
 
     def _take_batch_locked(self, ids: list[int], now_us: int) -> _Batch:
         """Precondition: _mu held. Removes `ids` from the queue and packs them (under _mu, as the C++
@@ -353,6 +352,7 @@ class Batcher:
         """Precondition: _mu held. Removes a sequence from the queue (None when it is not there)."""
         q = self._queue.pop(seq_id, None)
         if q is not None:
+            self._index.remove(seq_id)
             self._work.remove(len(q.job.seqs[q.index]))
         return q
 
