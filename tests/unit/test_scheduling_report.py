@@ -33,6 +33,11 @@ def test_ratios_are_taken_within_each_repetition():
     assert row["throughput"]["mean"] == pytest.approx(57.0)
     assert row["p99_bound_ms"]["mean"] == pytest.approx(1.5 * 64 / 57.0 * 1e3, rel=0.2)
     assert sm["http_excess_ms"]["cost_aware:1"]["mean"] == pytest.approx(2.0)
+    # The goals, each a ratio within a repetition: batch 1 at c1, T(C)/T(1) under load, the makespan.
+    assert sm["rows"]["py-grpc-onnxruntime cost_aware:1 c1"]["batch1_ratio"]["mean"] == pytest.approx(0.95)
+    assert sm["rows"]["py-grpc-onnxruntime cost_aware:1 c8"]["over_c1"]["mean"] == pytest.approx(1.0)
+    rollout = sm["rows"]["py-grpc-onnxruntime cost_aware:1 rollout"]["makespan_factor"]
+    assert rollout["mean"] == pytest.approx((1.0 / (64 / 40) + 1.0 / (64 / 80)) / 2)
     text = scheduling.markdown({"summary": sm, "when": "now", "repeats": 2, "window_s": 5, "threads": 2, "reps": reps,
                                 "kinds": ["py-grpc-onnxruntime", "py-http-onnxruntime"]})
     assert "| py-grpc-onnxruntime | cost_aware:1 | c64 | 57.0 ± " in text

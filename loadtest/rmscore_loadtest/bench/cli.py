@@ -6,6 +6,7 @@
     rmscore bench --report-only bench-full/run.json       # redo report and plots from the JSON
     rmscore bench --overhead --preset short --out runs/cpp_bench   # the C++ serving overhead
     rmscore bench --scheduling --out runs/scheduling              # servers vs the best in-process plan
+    rmscore bench --planning --out runs/planning                  # one batching decision at 4096 queued
 
 Writes OUT/run.json (every repetition, every latency, and the summary), OUT/report.md and the PNG
 plots next to it. docs/benchmark.md explains each figure. With --overhead, instead: the C++
@@ -68,7 +69,11 @@ def add_parsers(sub) -> None:
                    help="each kind against the best in-process plan of its runtime, one sequence per request "
                         "(bench/scheduling.py)")
     p.add_argument("--configs", type=comma_list(),
-                   help="--scheduling: POLICY:WORKERS configurations (default: length_aware:1,cost_aware:1,cost_aware:auto)")
+                   help="--scheduling: configurations, `default` (each kind's defaults) or POLICY:WORKERS "
+                        "(default: default,length_aware:1,cost_aware:auto)")
+    p.add_argument("--planning", action="store_true",
+                   help="one batching decision's time with 4096 sequences queued, Python and C++, the queue rebuilt "
+                        "against the kept index (bench/planning.py): OUT/planning.md")
     p.add_argument("--precision", action="store_true",
                    help="each graph precision of --model beside fp32: throughput ratio with intervals and the "
                         "manifest's ranking figures, OUT/precision.md and OUT/precision.png (docs/precision.md)")
@@ -160,9 +165,11 @@ def main_scheduling(args, settings) -> int:
 
     kinds = list(args.kinds or scheduling.KINDS)
     configs = list(args.configs or scheduling.CONFIGS)
-    bad = [c for c in configs if c.count(":") != 1 or c.split(":")[0] not in ("fifo", "length_aware", "cost_aware")]
+    bad = [c for c in configs if c != scheduling.DEFAULT and
+           (c.count(":") != 1 or c.split(":")[0] not in ("fifo", "length_aware", "cost_aware"))]
     if bad:
-        raise SystemExit(f"rmscore bench --scheduling: --configs {bad}: expected POLICY:WORKERS, e.g. cost_aware:auto")
+        raise SystemExit(f"rmscore bench --scheduling: --configs {bad}: expected default or POLICY:WORKERS, "
+                         "e.g. cost_aware:auto")
     model = str(pathlib.Path(args.model).resolve())
     record = scheduling.run(settings, pathlib.Path(args.out), model, kinds, configs)
     print(scheduling.markdown(record))
@@ -177,6 +184,11 @@ def main(args) -> int:
 
         return precision.main(args.model, args.out, args.repeats or 5, args.intra_op_threads or 2,
                               args.rollout_size or 128)
+    if args.planning:
+        from rmscore_loadtest.bench import planning
+
+        print(planning.markdown(planning.run(pathlib.Path(args.out), repeats=args.repeats or 5)))
+        return 0
     settings = settings_from(args)
     if args.overhead:
         return main_overhead(args, settings)
