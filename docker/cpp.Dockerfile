@@ -62,8 +62,8 @@ RUN RMSCORE_APT_DEV=0 RMSCORE_STEPS=apt scripts/setup.sh \
 FROM ${BASE_IMAGE} AS runtime
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN useradd --system --uid 10001 --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin rmscore \
- && mkdir -p /opt/rmscore/models \
- && chown rmscore:rmscore /opt/rmscore/models
+ && mkdir -p /opt/rmscore/models /var/cache/rmscore \
+ && chown rmscore:rmscore /opt/rmscore/models /var/cache/rmscore
 WORKDIR /opt/rmscore
 COPY --from=build /opt/rmscore/third_party/onnxruntime/lib/ /opt/rmscore/third_party/onnxruntime/lib/
 COPY --from=build /opt/rmscore/lib/ /opt/rmscore/lib/

@@ -83,8 +83,8 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-dev g++ ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --user-group --create-home --home-dir /home/rmscore --shell /usr/sbin/nologin rmscore \
- && mkdir -p /opt/rmscore/models \
- && chown rmscore:rmscore /opt/rmscore/models
+ && mkdir -p /opt/rmscore/models /var/cache/rmscore \
+ && chown rmscore:rmscore /opt/rmscore/models /var/cache/rmscore
 WORKDIR /opt/rmscore
 ENV PATH=/opt/rmscore/.venv/bin:${PATH} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 STOPSIGNAL SIGTERM
