@@ -25,6 +25,8 @@ BAD = [
     (dict(model_workers=2, intra_op_threads=1),
      "--model-workers: each worker needs an intra-op thread: must be <= --intra-op-threads (1), got 2"),
     (dict(cost_profile_seconds=0), "--cost-profile-seconds: must be > 0, got 0"),
+    (dict(cost_profile_dir="/proc/cpuinfo"),
+     "--cost-profile-dir: must be a directory (created when missing) or none, got '/proc/cpuinfo'"),
     (dict(body_timeout_seconds=0), "--body-timeout-seconds: must be > 0 and <= 2147483, got 0"),
     (dict(max_request_bytes=2048, max_buffered_request_bytes=1024),
      "--max-buffered-request-bytes: must be >= --max-request-bytes (2048), got 1024"),
