@@ -71,14 +71,14 @@ PRESETS = {
     # A few minutes per server kind: every kind but torch.compile (2 min warm-up per start), both modes.
     "short": Settings(
         preset="short", kinds=("cpp-grpc", "py-grpc-onnxruntime", "py-grpc-eager", "py-http-onnxruntime"),
-        batching=("length_aware",), modes=("isolated", "contended"), repeats=3, warmup_s=3.0, settle_s=1.0,
+        batching=("cost_aware",), modes=("isolated", "contended"), repeats=3, warmup_s=3.0, settle_s=1.0,
         window_s=6.0, concurrency=(1, 4, 16), open_rate_seq_s=8.0, max_outstanding=64, chunk_size=8,
         rollout_size=64, rollouts_per_rep=2, lengths="lognormal:160:0.6:32:512",
         inproc_runtimes=("onnxruntime", "eager"), inproc_repeats=3, ablation=True, ablation_backend="onnxruntime",
         ablation_rollout_size=128, ablation_repeats=3),
     # The real run: every kind, both batching policies, both modes, K=5.
     "full": Settings(
-        preset="full", kinds=ALL_KINDS, batching=("length_aware", "fifo"), modes=("isolated", "contended"),
+        preset="full", kinds=ALL_KINDS, batching=("cost_aware", "length_aware", "fifo"), modes=("isolated", "contended"),
         repeats=5, warmup_s=10.0, settle_s=2.0, window_s=30.0, concurrency=(1, 2, 4, 8, 16, 32),
         open_rate_seq_s=16.0, max_outstanding=128, chunk_size=16, rollout_size=256, rollouts_per_rep=3,
         lengths="lognormal:160:0.6:32:512", inproc_runtimes=RUNTIMES, inproc_repeats=5, ablation=True,

@@ -182,7 +182,7 @@ def _md_ablation(record: dict, summary: dict, add) -> None:
     add(f"{ab['backend']}, rollouts of {ab['rollout_size']} sequences that arrived together, cut into batches by "
         f"`rmscore.core.planner.plan`: `no_batching` = one sequence per batch; `fifo_fixed` = arrival order, "
         f"{ab['max_batch_size']} per batch; `token_budget` = arrival order, at most {ab['max_batch_tokens']} "
-        "padded tokens; `length_aware` = the servers' policy (both limits). Order of policies rotated per "
+        "padded tokens; `length_aware` = the servers' length-aware mode (both limits). Order of policies rotated per "
         "repetition.\n")
     add("| policy | seq/s | makespan s | real/padded tokens | batches | max abs score diff vs no_batching |")
     add("|---|---:|---:|---:|---:|---:|")
