@@ -42,10 +42,11 @@ def case(name, cfg, now_us, waiting, expired=(), batch=(), wait_us=None):
     }
 
 
-def cfg(mode="length_aware", size=8, tokens=4096, delay_us=5000, cost=None, us_per_token=0.0):
-    """`us_per_token`: the admission's rate, which keeps batches inside deadlines (0: unknown)."""
+def cfg(mode="length_aware", size=8, tokens=4096, delay_us=5000, cost=None, us_per_token=0.0, arrivals_per_s=0.0):
+    """`us_per_token`: the admission's rate, which keeps batches inside deadlines (0: unknown).
+    `arrivals_per_s`: the batcher's arrival rate; below one sequence per remaining delay, no wait (0: unknown)."""
     c = dict(mode=mode, max_batch_size=size, max_batch_tokens=tokens, max_queue_delay_us=delay_us,
-             us_per_token=us_per_token)
+             us_per_token=us_per_token, arrivals_per_s=arrivals_per_s)
     if mode == COST_AWARE:
         c["cost_table"] = cost
     return c
@@ -119,6 +120,21 @@ HAND = [
          [(1, 0, 4, 2_000_000)] + [(i, 10 * i, 512, None) for i in range(2, 17)], batch=list(range(1, 17))),
     case("deadline: the oldest runs alone even past it", cfg(size=16, tokens=8192, us_per_token=1000.0), 1000,
          [(1, 0, 512, 101_000), (2, 10, 512, None)], batch=[1]),
+    # The wait for partners happens only when one is expected before the delay ends.
+    case("arrivals: a lone sequence with no partner expected runs at once", cfg(arrivals_per_s=100.0), 1000,
+         [(1, 0, 10, None)], batch=[1]),
+    case("arrivals: with partners expected it waits", cfg(arrivals_per_s=1000.0), 1000, [(1, 0, 10, None)],
+         wait_us=4000),
+    case("arrivals: exactly one expected still waits", cfg(arrivals_per_s=250.0), 1000, [(1, 0, 10, None)],
+         wait_us=4000),
+    case("arrivals: the expectation shrinks with the wait left", cfg(arrivals_per_s=250.0), 2000,
+         [(1, 0, 10, None)], batch=[1]),
+    case("arrivals: cost, GPU-like, few arriving: what there is runs now",
+         cfg(COST_AWARE, size=64, tokens=65536, cost=GPU_TABLE, arrivals_per_s=50.0), 1000, _same_length(3),
+         batch=[1, 2, 3]),
+    case("arrivals: cost, GPU-like, thousands arriving: waits to fill",
+         cfg(COST_AWARE, size=64, tokens=65536, cost=GPU_TABLE, arrivals_per_s=5000.0), 1000, _same_length(3),
+         wait_us=4000),
     case("deadline: cost_aware stops growing at it", cfg(COST_AWARE, size=64, tokens=65536, cost=GPU_TABLE,
                                                          us_per_token=1000.0), 100,
          [(1, 0, 100, 400_100)] + [(i + 1, i * 10, 100, None) for i in range(1, 6)], batch=[1, 2, 3, 4]),
@@ -172,8 +188,9 @@ def cost_queries():
             for t in (CPU_TABLE, GPU_TABLE, NOISY_TABLE)]
 
 
-def generated(n_cases=300, seed=20261202, timed=False):
-    """Random queues; `timed`: with a rate (and more deadlines), so batches are cut by deadlines."""
+def generated(n_cases=300, seed=20261202, timed=False, paced=False):
+    """Random queues; `timed`: with a rate (and more deadlines), so batches are cut by deadlines;
+    `paced`: with an arrival rate, so some waits become dispatches."""
     rng = random.Random(seed)
     out = []
     for k in range(n_cases):
@@ -181,6 +198,8 @@ def generated(n_cases=300, seed=20261202, timed=False):
         cost = [CPU_TABLE, GPU_TABLE][(k // len(MODES)) % 2]
         c = cfg(mode, rng.choice([1, 2, 4, 8, 16, 64]), rng.choice([64, 512, 2048, 4096, 16384]),
                 rng.choice([0, 1000, 5000, 20000]), cost, rng.choice([0.5, 2.0, 10.0, 40.0]) if timed else 0.0)
+        if paced:
+            c["arrivals_per_s"] = rng.choice([20.0, 200.0, 1000.0, 20000.0])
         now = rng.randint(0, 30000)
         waiting = []
         t = 0
@@ -191,14 +210,16 @@ def generated(n_cases=300, seed=20261202, timed=False):
             waiting.append((i + 1, t, length, deadline))
         d = plan([Waiting(*w) for w in waiting], now,
                  PlannerConfig(c["max_batch_size"], c["max_batch_tokens"], c["max_queue_delay_us"], mode),
-                 CostTable.from_json(cost) if mode == COST_AWARE else None, c["us_per_token"])
-        out.append(case(f"generated {'timed ' if timed else ''}{k}", c, now, waiting, d.expired, d.batch, d.wait_us))
+                 CostTable.from_json(cost) if mode == COST_AWARE else None, c["us_per_token"], c["arrivals_per_s"])
+        kind = "timed " if timed else "paced " if paced else ""
+        out.append(case(f"generated {kind}{k}", c, now, waiting, d.expired, d.batch, d.wait_us))
     return out
 
 
 if __name__ == "__main__":
     path = pathlib.Path(__file__).parent / "batching_vectors.json"
-    doc = {"_comment": __doc__.strip(), "hand": HAND, "generated": generated(n_cases=450) + generated(150, 20261204, timed=True),
+    doc = {"_comment": __doc__.strip(), "hand": HAND, "generated": generated(n_cases=450) + generated(150, 20261204, timed=True)
+           + generated(150, 20261205, paced=True),
            "cost_tables": cost_queries(), "admission": ADMISSION}
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {len(HAND)} hand, {len(doc['generated'])} generated and {len(ADMISSION)} admission cases to {path}")

@@ -56,6 +56,7 @@ grpc::Status Batcher::Submit(const std::shared_ptr<Job>& job) {
     job->scores_.assign(job->seqs_.size(), 0.0f);
     job->remaining_ = job->seqs_.size();
     job->first_seq_id_ = next_seq_id_;
+    arrivals_.Add(int64_t(job->seqs_.size()), arrival);
     for (size_t i = 0; i < job->seqs_.size(); ++i) {
       index_.Add(Waiting{next_seq_id_, arrival, job->seqs_[i].length, job->deadline_us_}, int64_t(next_seq_id_));
       queue_.emplace(next_seq_id_++, Queued{job, i, arrival});
@@ -154,7 +155,7 @@ std::optional<Batcher::Batch> Batcher::NextBatchLocked(std::unique_lock<std::mut
       if (it != queue_.end()) FailLocked(it->second.job, expired, "deadline", answers);
     }
     const Decision d = PlanLive(index_, now, opts_.planner, opts_.cost ? &opts_.cost->table() : nullptr,
-                                work_.us_per_token());
+                                work_.us_per_token(), arrivals_.PerS(now));
     if (!d.batch.empty()) return TakeBatchLocked(d.batch, now);
     if (!answers->empty()) return std::nullopt;
     if (d.wait_us) {

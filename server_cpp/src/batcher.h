@@ -157,6 +157,7 @@ class Batcher {
   // The planner's view of queue_, kept beside it (planner.h): a decision reads O(max_batch_size) of it
   // instead of rebuilding and sorting every waiting sequence.
   QueueIndex index_;
+  ArrivalRate arrivals_;  // the planner waits for partners only when some are expected
   QueueWork work_;                    // the queue's tokens and their model time
   uint64_t next_seq_id_ = 1;
   size_t in_flight_ = 0;  // accepted, callback not yet run

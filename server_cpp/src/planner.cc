@@ -1,6 +1,7 @@
 #include "planner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 namespace rmscore {
@@ -205,8 +206,18 @@ std::vector<uint64_t> QueueIndex::Expired(int64_t now_us) const {
   return out;
 }
 
+void ArrivalRate::Add(int64_t count, int64_t now_us) {
+  rate_ = PerS(now_us) + double(count) * 1e6 / double(kTauUs);
+  at_us_ = now_us;
+}
+
+double ArrivalRate::PerS(int64_t now_us) const {
+  if (!at_us_) return 0;
+  return rate_ * std::exp(-double(std::max<int64_t>(0, now_us - *at_us_)) / double(kTauUs));
+}
+
 Decision PlanLive(const QueueIndex& index, int64_t now_us, const PlannerConfig& cfg, const CostTable* cost,
-                  double us_per_token) {
+                  double us_per_token, double arrivals_per_s) {
   Decision d;
   if (index.size() == 0) return d;
   const BatchClock clock{now_us, us_per_token};
@@ -220,7 +231,9 @@ Decision PlanLive(const QueueIndex& index, int64_t now_us, const PlannerConfig& 
     chosen = LengthAware(index, cfg, clock);
   }
   const int64_t due_us = index.Oldest().arrival_us + cfg.max_queue_delay_us;
-  if (chosen.full || Closed(index, chosen, cfg) || now_us >= due_us) {
+  // No partner expected before the delay ends (planner.py's _alone): waiting could only cost.
+  const bool alone = arrivals_per_s > 0 && arrivals_per_s * double(due_us - now_us) < 1e6;
+  if (chosen.full || Closed(index, chosen, cfg) || now_us >= due_us || alone) {
     // Report the batch in queue order.
     std::sort(chosen.ids.begin(), chosen.ids.end(),
               [&](uint64_t a, uint64_t b) { return index.Rank(a) < index.Rank(b); });
@@ -232,7 +245,7 @@ Decision PlanLive(const QueueIndex& index, int64_t now_us, const PlannerConfig& 
 }
 
 Decision Plan(const std::vector<Waiting>& queue, int64_t now_us, const PlannerConfig& cfg, const CostTable* cost,
-              double us_per_token) {
+              double us_per_token, double arrivals_per_s) {
   Decision d;
   QueueIndex index;
   int64_t rank = 0;
@@ -243,7 +256,7 @@ Decision Plan(const std::vector<Waiting>& queue, int64_t now_us, const PlannerCo
       index.Add(w, rank++);
     }
   }
-  Decision live = PlanLive(index, now_us, cfg, cost, us_per_token);
+  Decision live = PlanLive(index, now_us, cfg, cost, us_per_token, arrivals_per_s);
   d.batch = std::move(live.batch);
   d.wait_us = live.wait_us;
   return d;

@@ -77,10 +77,25 @@ class QueueIndex {
   std::set<std::pair<int64_t, uint64_t>> deadlines_;
 };
 
+// Sequences arriving per second, from the arrivals of the last few kTauUs (planner.py's ArrivalRate):
+// each counts exp(-age / kTauUs) / kTauUs, so a steady rate reads as itself and an idle spell decays
+// towards 0. The batcher keeps one under mu_ and hands PerS to the planner.
+class ArrivalRate {
+ public:
+  static constexpr int64_t kTauUs = 200000;
+  void Add(int64_t count, int64_t now_us);
+  double PerS(int64_t now_us) const;
+
+ private:
+  double rate_ = 0;  // per second, as of at_us_
+  std::optional<int64_t> at_us_;
+};
+
 // Plan over an index of live sequences (none expired at `now_us`: the caller removed them); `expired`
-// stays empty.
+// stays empty. `arrivals_per_s` > 0 (ArrivalRate): a batch neither full nor due runs at once when fewer
+// than one sequence is expected before the delay ends (planner.py's module docstring).
 Decision PlanLive(const QueueIndex& index, int64_t now_us, const PlannerConfig& cfg, const CostTable* cost = nullptr,
-                  double us_per_token = 0);
+                  double us_per_token = 0, double arrivals_per_s = 0);
 
 // `queue` is in arrival order; ids are unique. The reference form: it indexes the live sequences and
 // asks PlanLive, as the batcher does with the index it keeps. `cost` is required by cost_aware (std::invalid_argument
@@ -88,6 +103,6 @@ Decision PlanLive(const QueueIndex& index, int64_t now_us, const PlannerConfig& 
 // microseconds per token) keeps every batch inside its members' deadlines: it grows only while its
 // padded tokens times that rate end before the earliest of them; the oldest still runs, alone if need be.
 Decision Plan(const std::vector<Waiting>& queue, int64_t now_us, const PlannerConfig& cfg,
-              const CostTable* cost = nullptr, double us_per_token = 0);
+              const CostTable* cost = nullptr, double us_per_token = 0, double arrivals_per_s = 0);
 
 }  // namespace rmscore

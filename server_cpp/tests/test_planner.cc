@@ -46,7 +46,8 @@ TEST(Planner, MatchesEverySharedVector) {
       for (const json& w : c.at("waiting")) {
         queue.push_back(Waiting{w.at("id"), w.at("arrival_us"), w.at("length"), OptInt(w.at("deadline_us"))});
       }
-      const Decision d = Plan(queue, c.at("now_us"), cfg, table ? &*table : nullptr, cj.at("us_per_token").get<double>());
+      const Decision d = Plan(queue, c.at("now_us"), cfg, table ? &*table : nullptr, cj.at("us_per_token").get<double>(),
+                              cj.at("arrivals_per_s").get<double>());
       const json& e = c.at("expect");
       const std::string name = c.at("name");
       EXPECT_EQ(d.expired, e.at("expired").get<std::vector<uint64_t>>()) << name;
@@ -56,8 +57,8 @@ TEST(Planner, MatchesEverySharedVector) {
       cost_aware += cfg.mode == BatchingMode::kCostAware;
     }
   }
-  // The file holds 33 hand-made and 600 generated cases today (150 with a rate, cut by deadlines),
-  // 208 of them cost_aware; never zero.
+  // The file holds 39 hand-made and 750 generated cases today (150 with a token rate, cut by
+  // deadlines; 150 with an arrival rate, where waits become dispatches), over 250 cost_aware; never zero.
   EXPECT_GE(checked, 600u);
   EXPECT_GE(cost_aware, 200u);
 }
@@ -152,7 +153,8 @@ TEST(Planner, AnIndexKeptThroughAddsAndRemovesDecidesAsTheListDoes) {
         ++next_id;
       }
       const double rate = uniform(0, 1) ? 2.0 : 0.0;
-      const Decision reference = Plan(queue, now, cfg, &table, rate);
+      const double arrivals = std::vector<double>{0.0, 100.0, 5000.0}[size_t(uniform(0, 2))];
+      const Decision reference = Plan(queue, now, cfg, &table, rate, arrivals);
       std::vector<uint64_t> expired = index.Expired(now), want = reference.expired;
       std::sort(expired.begin(), expired.end());
       std::sort(want.begin(), want.end());
@@ -161,11 +163,23 @@ TEST(Planner, AnIndexKeptThroughAddsAndRemovesDecidesAsTheListDoes) {
         index.Remove(id);
         queue.erase(std::find_if(queue.begin(), queue.end(), [&](const Waiting& w) { return w.id == id; }));
       }
-      const Decision live = PlanLive(index, now, cfg, &table, rate);
+      const Decision live = PlanLive(index, now, cfg, &table, rate, arrivals);
       ASSERT_EQ(live.batch, reference.batch) << step;
       ASSERT_EQ(live.wait_us, reference.wait_us) << step;
     }
   }
+}
+
+TEST(Planner, TheArrivalRateReadsASteadyRateAsItselfAndDecaysWhenIdle) {
+  // tests/unit/test_planner.py has the same case.
+  ArrivalRate r;
+  EXPECT_EQ(r.PerS(0), 0.0);
+  for (int64_t t = 0; t < 2'000'000; t += 10'000) r.Add(1, t);
+  EXPECT_GT(r.PerS(2'000'000), 95);
+  EXPECT_LT(r.PerS(2'000'000), 105);
+  EXPECT_LT(r.PerS(3'000'000), 1);
+  r.Add(8, 3'000'000);
+  EXPECT_GT(r.PerS(3'000'000), 40);
 }
 
 }  // namespace

@@ -17,7 +17,7 @@ def test_planner_matches_vector(case):
     c = case["config"]
     cfg = PlannerConfig(c["max_batch_size"], c["max_batch_tokens"], c["max_queue_delay_us"], c["mode"])
     table = CostTable.from_json(c["cost_table"]) if "cost_table" in c else None
-    d = plan([Waiting(**w) for w in case["waiting"]], case["now_us"], cfg, table, c["us_per_token"])
+    d = plan([Waiting(**w) for w in case["waiting"]], case["now_us"], cfg, table, c["us_per_token"], c["arrivals_per_s"])
     assert (d.expired, d.batch, d.wait_us) == (
         case["expect"]["expired"], case["expect"]["batch"], case["expect"]["wait_us"])
 
@@ -105,9 +105,23 @@ def test_an_index_kept_through_adds_and_removes_decides_as_the_list_does(mode):
             index.add(w, next_id)
             next_id += 1
         rate = rng.choice([0.0, 2.0])  # deadlines cut batches only with a rate
-        reference = plan(queue, now, cfg, table, rate)
+        arrivals = rng.choice([0.0, 100.0, 5000.0])  # waits become dispatches when no partner is expected
+        reference = plan(queue, now, cfg, table, rate, arrivals)
         assert sorted(index.expired(now)) == sorted(reference.expired)
         for seq_id in reference.expired:  # the batcher fails these before it plans
             queue.remove(index.remove(seq_id))
-        live = plan_live(index, now, cfg, table, rate)
+        live = plan_live(index, now, cfg, table, rate, arrivals)
         assert (live.batch, live.wait_us) == (reference.batch, reference.wait_us), step
+
+
+def test_the_arrival_rate_reads_a_steady_rate_as_itself_and_decays_when_idle():
+    from rmscore.core.planner import ArrivalRate
+
+    r = ArrivalRate()
+    assert r.per_s(0) == 0.0  # nothing seen: unknown, so the planner waits as configured
+    for t in range(0, 2_000_000, 10_000):  # 100 sequences a second for 2 s
+        r.add(1, t)
+    assert 95 < r.per_s(2_000_000) < 105
+    assert r.per_s(3_000_000) < 1  # a second idle: no partner expected any more
+    r.add(8, 3_000_000)  # a burst shows at once
+    assert r.per_s(3_000_000) > 40

@@ -27,7 +27,7 @@ from rmscore.core.admission import QueueWork
 from rmscore.core.cost import CostModel
 from rmscore.core.errors import Code, ScoreError
 from rmscore.core.metrics import Metrics
-from rmscore.core.planner import PlannerConfig, QueueIndex, Waiting, plan_live
+from rmscore.core.planner import ArrivalRate, PlannerConfig, QueueIndex, Waiting, plan_live
 from rmscore.model.modeling import pad_batch
 
 
@@ -125,6 +125,7 @@ class Batcher:
         # The planner's view of the queue, kept beside it (planner.QueueIndex): a decision then reads
         # O(max_batch_size) of it instead of rebuilding and sorting every waiting sequence.
         self._index = QueueIndex()
+        self._arrivals = ArrivalRate()  # the planner waits for partners only when some are expected
         # The queue's tokens and their model time.
         self._work = QueueWork(len(models), opts.max_queue_wait_us, opts.seed_us_per_token)
         self._next_seq_id = 1
@@ -154,6 +155,7 @@ class Batcher:
             job.accepted = True
             job.accepted_at = time.monotonic()
             job.first_seq_id = self._next_seq_id
+            self._arrivals.add(len(job.seqs), arrival)
             for i, seq in enumerate(job.seqs):
                 self._queue[self._next_seq_id] = _Queued(job, i, arrival)
                 self._index.add(Waiting(self._next_seq_id, arrival, len(seq), job.deadline_us), self._next_seq_id)
@@ -255,7 +257,8 @@ class Batcher:
                 if q is not None:
                     self._fail_locked(q.job, expired, "deadline", answers)
             cost = self._opts.cost.table if self._opts.cost is not None else None
-            decision = plan_live(self._index, now, self._opts.planner, cost, self._work.us_per_token)
+            decision = plan_live(self._index, now, self._opts.planner, cost, self._work.us_per_token,
+                                 self._arrivals.per_s(now))
             if decision.batch:
                 return self._take_batch_locked(decision.batch, now)
             if answers:
