@@ -25,7 +25,6 @@ with fifteen 512-token ones, waited out its deadline inside a 4 s batch (docs/ha
 from __future__ import annotations
 
 import bisect
-import heapq
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -71,7 +70,7 @@ class Decision:
 class QueueIndex:
     """The live waiting sequences in the orders the planner searches, kept as they change: arrival
     (an ordered dict by id), length (a sorted list of (length, rank, id): the rank is the arrival
-    order, so equal lengths keep it) and deadline (a heap, cleaned as entries come to its top).
+    order, so equal lengths keep it) and deadline (a sorted list of (deadline_us, id), as C++'s set).
 
     The batcher keeps one beside its queue (add on submit, remove when a sequence leaves), so a
     decision reads O(max_batch_size) entries and binary searches whatever is queued: rebuilding and
@@ -82,7 +81,7 @@ class QueueIndex:
     def __init__(self) -> None:
         self._by_arrival: OrderedDict[int, tuple[Waiting, int]] = OrderedDict()  # id -> (waiting, rank)
         self.by_length: list[tuple[int, int, int]] = []
-        self._deadlines: list[tuple[int, int]] = []  # (deadline_us, id); may hold ids already removed
+        self._deadlines: list[tuple[int, int]] = []  # (deadline_us, id) of the sequences that have one
 
     def __len__(self) -> int:
         return len(self._by_arrival)
@@ -92,15 +91,16 @@ class QueueIndex:
         self._by_arrival[w.id] = (w, rank)
         bisect.insort(self.by_length, (w.length, rank, w.id))
         if w.deadline_us is not None:
-            heapq.heappush(self._deadlines, (w.deadline_us, w.id))
+            bisect.insort(self._deadlines, (w.deadline_us, w.id))
 
     def remove(self, seq_id: int) -> Waiting | None:
         got = self._by_arrival.pop(seq_id, None)
         if got is None:
             return None
         w, rank = got
-        i = bisect.bisect_left(self.by_length, (w.length, rank, seq_id))
-        del self.by_length[i]
+        del self.by_length[bisect.bisect_left(self.by_length, (w.length, rank, seq_id))]
+        if w.deadline_us is not None:
+            del self._deadlines[bisect.bisect_left(self._deadlines, (w.deadline_us, seq_id))]
         return w
 
     def get(self, seq_id: int) -> Waiting:
@@ -120,30 +120,17 @@ class QueueIndex:
         return self._by_arrival[seq_id][1]
 
     def expired(self, now_us: int) -> list[int]:
-        """Ids whose deadline is at or before `now_us`, soonest first (they stay until removed)."""
-        while self._deadlines and self._deadlines[0][1] not in self._by_arrival:
-            heapq.heappop(self._deadlines)  # removed already: clean the top
-        out, stack = [], []
-        # Walk the heap's expired prefix without popping the live ones: they leave with remove().
-        if self._deadlines and self._deadlines[0][0] <= now_us:
-            stack.append(0)
-        while stack:
-            i = stack.pop()
-            d, seq_id = self._deadlines[i]
-            if seq_id in self._by_arrival:
-                out.append((d, seq_id))
-            for c in (2 * i + 1, 2 * i + 2):
-                if c < len(self._deadlines) and self._deadlines[c][0] <= now_us:
-                    stack.append(c)
-        return [seq_id for _, seq_id in sorted(out)]
+        """Ids whose deadline is at or before `now_us`, soonest first (ties: id); they stay until removed."""
+        end = bisect.bisect_right(self._deadlines, (now_us, float("inf")))
+        return [seq_id for _, seq_id in self._deadlines[:end]]
 
 
 def plan(queue: Sequence[Waiting], now_us: int, cfg: PlannerConfig, cost: CostTable | None = None,
          us_per_token: float = 0.0, arrivals_per_s: float = 0.0) -> Decision:
     """`queue` is in arrival (queue) order; ids are unique. `cost` is required by `cost_aware`;
     `us_per_token` > 0 keeps each batch inside its members' deadlines, `arrivals_per_s` > 0 waits for
-    the delay only when a partner is expected (module docstring). The reference form: it indexes the live sequences and asks `plan_live`, as the batcher does with
-    the index it keeps."""
+    the delay only when a partner is expected (module docstring). The reference form: it indexes the
+    live sequences and asks `plan_live`, as the batcher does with the index it keeps."""
     decision = Decision()
     index = QueueIndex()
     for rank, w in enumerate(queue):
