@@ -21,6 +21,7 @@ import time
 import zlib
 
 import grpc
+import h2.events
 import pytest
 
 import servers
@@ -162,20 +163,27 @@ def test_a_stream_that_never_reads_is_held_back(server):
 
 
 def test_a_ping_flood_gets_goaway(server):
+    # One PING at a time, each read back (its ACK or the GOAWAY) before the next is sent. Ten at once
+    # failed in CI: the server read a few, sent GOAWAY and closed with the rest unread, which makes
+    # the close a TCP reset, and a reset throws away the GOAWAY still waiting in the client's socket.
     conn = h2raw.Connection(server.port, timeout_s=2)
     pings = 0
     try:
-        while pings < 1000 and not conn.goaway:
-            for _ in range(10):
-                conn.h2.ping(pings.to_bytes(8, "big"))
-                pings += 1
+        while pings < 100 and not conn.goaway:
+            conn.h2.ping(pings.to_bytes(8, "big"))
+            pings += 1
             conn.flush()
-            conn.events()
-    except OSError:  # the server closed the connection after its GOAWAY
+            while not conn.goaway:
+                events = conn.events()
+                if not events or any(isinstance(e, h2.events.PingAckReceived) for e in events):
+                    break
+            if not events and not conn.goaway:
+                break  # closed or silent without a GOAWAY: the assertion below says so
+    except OSError:
         pass
     finally:
         conn.close()
-    assert conn.goaway and pings <= 100, f"{pings} PINGs, goaway={conn.goaway}"
+    assert conn.goaway and pings <= 20, f"{pings} PINGs, goaway={conn.goaway}"
 
 
 def test_memory_comes_back_after_a_rapid_reset(server):
