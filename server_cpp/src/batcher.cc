@@ -19,9 +19,11 @@ Job::Job(std::vector<SeqView> seqs, std::optional<Clock::time_point> deadline, s
          Done done)
     : seqs_(std::move(seqs)), deadline_(deadline), keepalive_(std::move(keepalive)), done_(std::move(done)) {}
 
-Batcher::Batcher(const Options& opts, std::vector<BatchModel> models, Metrics* metrics, std::function<void()> abort)
+Batcher::Batcher(const Options& opts, std::vector<BatchModel> models, Metrics* metrics, std::function<void()> abort,
+                 BatchModel lone)
     : opts_(opts),
       models_(std::move(models)),
+      lone_(std::move(lone)),
       abort_(std::move(abort)),
       metrics_(metrics),
       work_(int64_t(models_.size()), opts.max_queue_wait_us, opts.seed_us_per_token) {
@@ -130,10 +132,14 @@ void Batcher::Loop(const BatchModel& model) {
     Answers answers;
     std::optional<Batch> batch = NextBatchLocked(lk, &answers);
     const bool work_left = batch && !queue_.empty();
+    // Alone, and nothing waits to join it: every thread. A batch taken while it runs goes to its own
+    // worker's session and shares the cores until this one ends.
+    const bool lone = batch && !work_left && running_ == 0 && lone_;
+    if (batch) ++running_;
     lk.unlock();
     if (work_left) work_cv_.notify_one();  // an idle worker may take the next batch
     Answer(answers);
-    if (batch) Run(*batch, model);
+    if (batch) Run(*batch, lone ? lone_ : model, lone);
     lk.lock();
   }
 }
@@ -188,8 +194,8 @@ Batcher::Batch Batcher::TakeBatchLocked(const std::vector<uint64_t>& ids, int64_
   return b;
 }
 
-// Runs one batch on this worker's model (without mu_), then records its scores or its failure.
-void Batcher::Run(const Batch& b, const BatchModel& model) {
+// Runs one batch on `model` (without mu_), then records its scores or its failure.
+void Batcher::Run(const Batch& b, const BatchModel& model, bool lone) {
   const Clock::time_point start = Clock::now();
   std::vector<float> scores;
   grpc::Status error;
@@ -214,7 +220,10 @@ void Batcher::Run(const Batch& b, const BatchModel& model) {
     // drain refusing the work, as for the jobs still queued, not a model fault: UNAVAILABLE, which
     // a client may retry on another replica (docs/contract.md allows only OK or UNAVAILABLE then).
     if (!error.ok() && stopping_) error = Draining();
-    if (opts_.cost && error.ok()) opts_.cost->Observe(int64_t(b.seqs.size()), b.packed.longest, ms / 1e3);
+    --running_;
+    // The cost table describes the workers' sessions, where batches run under load, which is where the
+    // planner's choices matter: a lone run, on every thread, would skew it.
+    if (opts_.cost && error.ok() && !lone) opts_.cost->Observe(int64_t(b.seqs.size()), b.packed.longest, ms / 1e3);
     work_.BatchEnded(b.packed.real_tokens);
     if (error.ok()) work_.Observe(ms * 1e3, b.packed.real_tokens);
     QueueChangedLocked();

@@ -3,8 +3,11 @@
 // how long to wait, then runs that batch on the model itself, and each
 // request is answered once all of its sequences are scored, or at once when
 // it fails. With several model workers (--model-workers) there is one batcher
-// thread per worker, each with its own model session, all running the same
-// loop: whichever is idle plans the next batch. server_py/rmscore/core/batcher.py
+// thread per worker, all running the same loop: whichever is idle plans the
+// next batch. With a `lone` model (--model-workers elastic, the default) a
+// batch that starts while no other runs and none waits runs on it instead: a
+// session with every intra-op thread, so a batch alone gets them all and
+// batches at once get one each (main.cc, ElasticSessions). server_py/rmscore/core/batcher.py
 // is this file in Python, with the same names and the same steps
 // (docs/batching.md, "Structure").
 //
@@ -91,9 +94,10 @@ class Batcher {
     double seed_us_per_token = 0;
   };
   // `models`: one per worker, each run by its own batcher thread. `abort` (optional) makes the model
-  // runs in progress fail; Stop uses it.
+  // runs in progress fail; Stop uses it. `lone` (optional): the model for a batch that starts while no
+  // other batch runs and no sequence is left waiting.
   Batcher(const Options& opts, std::vector<BatchModel> models, Metrics* metrics,
-          std::function<void()> abort = nullptr);
+          std::function<void()> abort = nullptr, BatchModel lone = nullptr);
   Batcher(const Options& opts, BatchModel model, Metrics* metrics, std::function<void()> abort = nullptr)
       : Batcher(opts, std::vector<BatchModel>{std::move(model)}, metrics, std::move(abort)) {}
   ~Batcher();
@@ -140,12 +144,13 @@ class Batcher {
   void FailLocked(std::shared_ptr<Job> job, const grpc::Status& why, const char* drop_reason, Answers* answers);
   void ScoredLocked(const Batch& b, const std::vector<float>& scores, double ms, Answers* answers);
   // Without mu_.
-  void Run(const Batch& b, const BatchModel& model);
+  void Run(const Batch& b, const BatchModel& model, bool lone);
   void Answer(Answers& answers);
   int64_t NowUs() const;
 
   const Options opts_;
   const std::vector<BatchModel> models_;
+  const BatchModel lone_;
   const std::function<void()> abort_;
   Metrics* const metrics_;
   const Clock::time_point epoch_ = Clock::now();
@@ -161,6 +166,7 @@ class Batcher {
   QueueWork work_;                    // the queue's tokens and their model time
   uint64_t next_seq_id_ = 1;
   size_t in_flight_ = 0;  // accepted, callback not yet run
+  int running_ = 0;       // batches taken and not yet recorded: a lone one is chosen when this is 0
   bool accepting_ = true, stopping_ = false;
 
   // The batcher threads, one per model worker: each plans, then runs, one batch at a time. Started by

@@ -167,14 +167,14 @@ const std::map<std::string, Setter>& Setters() {
          c.cost_profile_seconds = ParseNumber(f, v, 0, true);
        }},
       {"--model-workers", [](Config& c, auto& f, auto& v) {
-         if (v == "auto") {
-           c.model_workers = kAutoWorkers;
+         if (v == "elastic" || v == "auto") {
+           c.model_workers = v == "elastic" ? kElasticWorkers : kAutoWorkers;
            return;
          }
          try {
            c.model_workers = int(ParseInt(f, v, 1, 1024));
          } catch (const ConfigError&) {
-           Fail(f, "must be 'auto' or an integer >= 1, got '" + v + "'");
+           Fail(f, "must be 'elastic', 'auto' or an integer >= 1, got '" + v + "'");
          }
        }},
       {"--max-concurrent-streams", [](Config& c, auto& f, auto& v) {
@@ -320,7 +320,8 @@ std::string Usage() {
          "  --cost-profile-seconds 10 (the measuring budget)\n"
          "  --cost-profile-dir DIR|none (without --cost-profile: the cache of measured tables; default\n"
          "     $RMSCORE_CACHE_DIR/cost-profiles, else $XDG_CACHE_HOME/rmscore/..., else ~/.cache/rmscore/...)\n"
-         "  --model-workers 1|N|auto (sessions in parallel, each with intra-op-threads / N threads; auto: measured)\n"
+         "  --model-workers elastic|N|auto (elastic: a lone batch gets every intra-op thread, concurrent batches one\n"
+         "      each; N: sessions in parallel, each with intra-op-threads / N threads; auto: N measured)\n"
          "  --max-queue-delay-ms 2  --max-queue-sequences 4096  --max-sequences-per-request 1024\n"
          "  --max-queue-wait-seconds 60 (refuse when the queued model time exceeds it; 0: no bound)\n"
          "  --max-request-bytes 16777216  --intra-op-threads 2  --inter-op-threads 1\n"

@@ -14,6 +14,12 @@ enum class Precision { kFp32, kInt8 };
 enum class Device { kCpu, kCuda };
 enum class GraphOptLevel { kDisable, kBasic, kExtended, kAll };
 
+// --model-workers auto: the count is measured at warm-up (server_py's AUTO_WORKERS).
+inline constexpr int kAutoWorkers = 0;
+// --model-workers elastic, the default: one batcher thread per intra-op thread sharing a one-thread
+// session, and a session of every intra-op thread for a batch that runs alone (main.cc, ElasticSessions).
+inline constexpr int kElasticWorkers = -1;
+
 struct Config {
   std::string model_dir = "models/default";
   std::string host = "127.0.0.1";
@@ -57,8 +63,9 @@ struct Config {
   // cost_profile::DefaultDir(), from the environment, as the Python servers'.
   std::string cost_profile_dir;
   // Model sessions run in parallel, each with intra_op_threads / model_workers threads, one batcher
-  // thread each; kAutoWorkers: measured at warm-up (main.cc, StartWorkers).
-  int model_workers = 1;
+  // thread each; kAutoWorkers: measured at warm-up (main.cc, StartWorkers); kElasticWorkers: a lone
+  // batch gets every thread, concurrent batches one each.
+  int model_workers = kElasticWorkers;
   // Transport limits, the same flags as the Python servers (docs/contract.md): HTTP/2 streams one
   // connection may have open at once; ScoreStream items of one stream read but not yet answered on
   // the wire (at the bound the stream is not read, so flow control holds its client back instead of
@@ -90,9 +97,6 @@ struct Config {
 inline constexpr double kMaxChannelSeconds = 2147483;
 
 inline constexpr double kShutdownReserveMaxS = 3.0;
-
-// --model-workers auto: the count is measured at warm-up (server_py's AUTO_WORKERS).
-inline constexpr int kAutoWorkers = 0;
 
 // Thrown for a bad flag or value; what() is the message to print, quoting
 // the bad value, e.g. "--max-batch-size: must be >= 1, got 0".

@@ -215,6 +215,41 @@ double Throughput(const Workers& workers, const PackedBatch& probe) {
   return double(total) / SecondsSince(t0);
 }
 
+// What the server scores with (server_py's runtimes/workers.py, Workers, says why elastic is built so).
+struct Sessions {
+  Workers owned;                    // every session once: warmed up, and aborted by Stop
+  std::vector<ModelRunner*> runs;   // one per batcher thread; the same session may be listed more than once
+  ModelRunner* lone = nullptr;      // a batch alone: every intra-op thread; nullptr: the runs have them
+};
+
+// --model-workers elastic: one batcher thread per intra-op thread, all calling one 1-thread session (an
+// ONNX Runtime run is thread-safe and works on its caller's thread: one copy of the weights), and a
+// session of every intra-op thread for a batch that starts alone. One session when there is one thread
+// or the batch runs on a GPU.
+Sessions ElasticSessions(const Config& cfg, const Manifest& m) {
+  Sessions s;
+  const int threads = cfg.intra_op_threads;
+  if (threads == 1 || cfg.device != Device::kCpu) {
+    s.owned = CreateWorkers(cfg, m, 1);
+    s.runs = {s.owned[0].get()};
+    std::cout << "rmscore model workers: elastic keeps 1 x " << threads << " intra-op threads ("
+              << (threads == 1 ? "one intra-op thread" : "a GPU") << ")" << std::endl;
+    return s;
+  }
+  Config shared = cfg;
+  shared.intra_op_threads = 1;
+  shared.model_workers = 1;
+  Config lone = cfg;
+  lone.model_workers = 1;
+  s.owned.push_back(std::make_unique<ModelRunner>(shared, m));
+  s.owned.push_back(std::make_unique<ModelRunner>(lone, m));
+  s.runs.assign(size_t(threads), s.owned[0].get());
+  s.lone = s.owned[1].get();
+  std::cout << "rmscore model workers: elastic, up to " << threads << " batches at once on one 1-thread session, "
+            << "a batch alone on a " << threads << "-thread one" << std::endl;
+  return s;
+}
+
 // The workers to serve with: `fixed` of them, or (--model-workers auto: kAutoWorkers) the count among
 // 1, 2, 4, ... <= --intra-op-threads that scored the most sequences per second, said at start-up.
 Workers StartWorkers(const Config& cfg, const Manifest& m, int fixed) {
@@ -293,7 +328,7 @@ void SelfCheck(ModelRunner& runner, const Manifest& manifest, const Config& cfg)
 }
 
 struct Loaded {
-  Workers workers;                  // empty: a stop signal came first
+  Sessions sessions;                // none: a stop signal came first
   std::shared_ptr<CostModel> cost;  // nullptr: not planned with (see MakeCostModel)
   double seed_us_per_token = 0;     // admission's first rate (WorkSeed)
 };
@@ -322,19 +357,28 @@ double WorkSeed(ModelRunner& runner, const Config& cfg, const Manifest& manifest
 // self-checks it; stops early when a stop signal came first (checked before each step).
 Loaded LoadModel(const Config& cfg, const Manifest& manifest, const sigset_t& signals,
                  nlohmann::ordered_json* identity, std::optional<CostTable> profiled) {
-  Workers workers = StartWorkers(cfg, manifest, (*identity)["model_workers"].get<int>());
-  (*identity)["model_workers"] = workers.size();  // what a saved profile says it measured
-  for (const auto& w : workers) {
+  const int asked = (*identity)["model_workers"].get<int>();
+  Sessions sessions;
+  if (asked == kElasticWorkers) {
+    sessions = ElasticSessions(cfg, manifest);
+  } else {
+    sessions.owned = StartWorkers(cfg, manifest, asked);
+    for (const auto& w : sessions.owned) sessions.runs.push_back(w.get());
+    (*identity)["model_workers"] = sessions.owned.size();  // what a saved profile says it measured (auto)
+  }
+  for (const auto& w : sessions.owned) {
     if (StopPending(signals)) return {};
     WarmUp(*w, cfg, signals);
   }
+  // The first run session: the cost table and the seed are measured on what runs under load.
+  ModelRunner& first = *sessions.runs[0];
   if (StopPending(signals)) return {};
-  std::shared_ptr<CostModel> cost = MakeCostModel(cfg, manifest, *workers[0], *identity, std::move(profiled));
+  std::shared_ptr<CostModel> cost = MakeCostModel(cfg, manifest, first, *identity, std::move(profiled));
   if (StopPending(signals)) return {};
-  SelfCheck(*workers[0], manifest, cfg);
+  SelfCheck(first, manifest, cfg);
   if (StopPending(signals)) return {};
-  const double seed = WorkSeed(*workers[0], cfg, manifest);
-  return {std::move(workers), std::move(cost), seed};
+  const double seed = WorkSeed(first, cfg, manifest);
+  return {std::move(sessions), std::move(cost), seed};
 }
 
 // Serves until SIGTERM/SIGINT, then drains: accepted work may run until the grace less the shutdown
@@ -349,14 +393,15 @@ void ServeAndDrain(const Config& cfg, const Manifest& manifest, const Loaded& lo
   bopts.max_queue_wait_us = int64_t(cfg.max_queue_wait_seconds * 1e6);
   bopts.seed_us_per_token = loaded.seed_us_per_token;
   std::vector<BatchModel> models;
-  for (const auto& w : loaded.workers) {
-    ModelRunner* model = w.get();
+  for (ModelRunner* model : loaded.sessions.runs) {
     models.push_back([model](const PackedBatch& b) { return model->Run(b); });
   }
-  const Workers& workers = loaded.workers;
-  Batcher batcher(bopts, std::move(models), &metrics, [&workers] {
-    for (const auto& w : workers) w->Abort();
-  });
+  BatchModel lone;
+  if (ModelRunner* model = loaded.sessions.lone) lone = [model](const PackedBatch& b) { return model->Run(b); };
+  const Workers& owned = loaded.sessions.owned;
+  Batcher batcher(bopts, std::move(models), &metrics, [&owned] {
+    for (const auto& w : owned) w->Abort();
+  }, std::move(lone));
   service.StartServing(&batcher);
   HeapTrimmer trimmer(kHeapTrimInterval);
   SetHealth(server, true);
@@ -404,7 +449,7 @@ int Run(const Config& cfg, const sigset_t& signals) {
     server->Shutdown(std::chrono::system_clock::now());
     throw;
   }
-  if (loaded.workers.empty()) {  // stopped while loading, warming up or self-checking: never SERVING, nothing to drain
+  if (loaded.sessions.owned.empty()) {  // stopped while loading, warming up or self-checking: never SERVING, nothing to drain
     std::cout << "rmscore stopped during warm-up" << std::endl;
     server->Shutdown(std::chrono::system_clock::now());
     server->Wait();

@@ -1,5 +1,6 @@
 // One ONNX Runtime session over the repository's graph: one model worker
-// (--model-workers). Run() is called from its worker's batcher thread (and,
+// (--model-workers). Run() is called from its workers' batcher threads, several at once
+// when shared (elastic: ONNX Runtime runs are thread-safe) (and,
 // before serving, from warm-up, the cost profile and the self-check).
 #pragma once
 

@@ -3,6 +3,7 @@
 // see exactly which sequences went into which batch. Events are ordered by a
 // gate the model waits at, never by sleeping. Each case has a namesake in
 // tests/unit/test_batcher.py (the Python batcher), and the other way round.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -59,12 +60,13 @@ struct Harness {
   std::atomic<bool> aborted{false};
   std::mutex mu;
   std::vector<std::vector<int64_t>> batches;  // the first id of each sequence of each batch the model saw
+  std::vector<std::vector<int64_t>> lone_batches;  // those of them that ran on the lone model
   std::unique_ptr<Batcher> batcher;
 
   // FIFO batching, or cost_aware with `cost`; `workers` model workers, all this stand-in.
   explicit Harness(int64_t max_batch_size, int64_t delay_us = 0, int64_t max_queue = 4096,
                    std::shared_ptr<CostModel> cost = nullptr, int workers = 1, int64_t max_wait_us = 0,
-                   double seed = 0) {
+                   double seed = 0, bool lone = false) {
     Batcher::Options o;
     o.planner = PlannerConfig{max_batch_size, 1 << 20, delay_us, cost ? BatchingMode::kCostAware : BatchingMode::kFifo};
     o.max_queue_sequences = max_queue;
@@ -73,10 +75,30 @@ struct Harness {
     o.max_queue_wait_us = max_wait_us;
     o.seed_us_per_token = seed;
     const std::vector<BatchModel> models(size_t(workers), [this](const PackedBatch& b) { return Model(b); });
-    batcher = std::make_unique<Batcher>(o, models, &metrics, [this] {
-      aborted = true;
-      gate.Open();
-    });
+    BatchModel lone_model;
+    if (lone) {
+      lone_model = [this](const PackedBatch& b) {
+        {
+          std::lock_guard<std::mutex> lk(mu);
+          std::vector<int64_t> firsts;
+          for (int64_t r = 0; r < b.batch; ++r) firsts.push_back(b.input_ids[size_t(r * b.longest)]);
+          lone_batches.push_back(firsts);
+        }
+        return Model(b);
+      };
+    }
+    batcher = std::make_unique<Batcher>(
+        o, models, &metrics,
+        [this] {
+          aborted = true;
+          gate.Open();
+        },
+        lone_model);
+  }
+
+  std::vector<std::vector<int64_t>> LoneBatches() {
+    std::lock_guard<std::mutex> lk(mu);
+    return lone_batches;
   }
 
   std::vector<float> Model(const PackedBatch& b) {
@@ -452,6 +474,7 @@ std::shared_ptr<CostModel> Costs(int64_t (*fn)(int64_t b, int64_t n)) {
   return std::make_shared<CostModel>(CostTable::Make(sizes, lengths, rows));
 }
 int64_t CpuLike(int64_t b, int64_t n) { return 1000 * (300 + 12 * b * n * (4 + b) / 4); }
+using Batches = std::vector<std::vector<int64_t>>;
 int64_t GpuLike(int64_t b, int64_t n) { return 1000 * (5000 + 2 * b * n); }
 std::vector<int64_t> Tokens(int64_t id, int64_t n) { return std::vector<int64_t>(size_t(n), id); }
 
@@ -518,6 +541,48 @@ TEST(Batcher, StopAbortsTheRunsOfEveryWorker) {
   EXPECT_EQ(Get(*b).status.error_message(), "not ready: draining");
   EXPECT_EQ(Get(*queued).status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(*a->calls + *b->calls + *queued->calls, 3);
+}
+
+TEST(Batcher, ABatchAloneRunsOnTheLoneModelAndOneBesideItOnItsWorker) {
+  Harness h(/*max_batch_size=*/1, /*delay_us=*/0, 4096, nullptr, /*workers=*/2, 0, 0, /*lone=*/true);
+  h.gated = true;
+  auto a = Submit(*h.batcher, {{1}});
+  ASSERT_TRUE(h.gate.WaitEntered(1));  // alone: every thread
+  auto b = Submit(*h.batcher, {{2}});
+  ASSERT_TRUE(h.gate.WaitEntered(2));  // beside it: its worker's session
+  h.gate.Open();
+  EXPECT_EQ(Get(*a).scores, std::vector<float>{1001});
+  EXPECT_EQ(Get(*b).scores, std::vector<float>{2001});
+  EXPECT_EQ(Get(*Submit(*h.batcher, {{3}})).scores, std::vector<float>{3001});  // alone again
+  EXPECT_EQ(h.Batches(), (Batches{{1}, {2}, {3}}));
+  EXPECT_EQ(h.LoneBatches(), (Batches{{1}, {3}}));
+}
+
+TEST(Batcher, ABatchThatLeavesWorkWaitingRunsOnItsWorker) {
+  // Two sequences, batches of one: the first leaves the second waiting for the other worker, so
+  // neither takes every thread.
+  Harness h(/*max_batch_size=*/1, /*delay_us=*/0, 4096, nullptr, /*workers=*/2, 0, 0, /*lone=*/true);
+  h.gated = true;
+  auto a = Submit(*h.batcher, {{1}, {2}});
+  ASSERT_TRUE(h.gate.WaitEntered(2));
+  h.gate.Open();
+  EXPECT_EQ(Get(*a).scores, (std::vector<float>{1001, 2001}));
+  Batches seen = h.Batches();
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(seen, (Batches{{1}, {2}}));
+  EXPECT_EQ(h.LoneBatches(), Batches{});
+}
+
+TEST(Batcher, LoneRunsDoNotRefineTheCostTable) {
+  // The table describes the workers' sessions, where batches run under load.
+  auto cost = Costs(CpuLike);
+  Harness h(/*max_batch_size=*/8, /*delay_us=*/0, 4096, cost, /*workers=*/2, 0, 0, /*lone=*/true);
+  for (int64_t k = 1; k <= 3; ++k) {
+    EXPECT_EQ(Get(*Submit(*h.batcher, {Tokens(k, 16)})).scores, std::vector<float>{float(k * 1000 + 16)});
+  }
+  h.batcher->Stop();
+  EXPECT_EQ(h.LoneBatches(), (Batches{{1}, {2}, {3}}));
+  EXPECT_EQ(cost->observed(), 0);
 }
 
 }  // namespace

@@ -112,11 +112,12 @@ TEST(Config, TheCostProfileCacheFollowsTheEnvironment) {
 }
 
 TEST(Config, ModelWorkers) {
-  EXPECT_EQ(Parse({}).model_workers, 1);
+  EXPECT_EQ(Parse({}).model_workers, kElasticWorkers);
+  EXPECT_EQ(Parse({"--model-workers", "elastic"}).model_workers, kElasticWorkers);
   EXPECT_EQ(Parse({"--model-workers", "auto"}).model_workers, kAutoWorkers);
   EXPECT_EQ(Parse({"--model-workers", "2", "--intra-op-threads", "4"}).model_workers, 2);
-  EXPECT_EQ(ErrorOf({"--model-workers", "0"}), "--model-workers: must be 'auto' or an integer >= 1, got '0'");
-  EXPECT_EQ(ErrorOf({"--model-workers", "two"}), "--model-workers: must be 'auto' or an integer >= 1, got 'two'");
+  EXPECT_EQ(ErrorOf({"--model-workers", "0"}), "--model-workers: must be 'elastic', 'auto' or an integer >= 1, got '0'");
+  EXPECT_EQ(ErrorOf({"--model-workers", "two"}), "--model-workers: must be 'elastic', 'auto' or an integer >= 1, got 'two'");
   EXPECT_EQ(ErrorOf({"--model-workers", "4"}),
             "--model-workers: each worker needs an intra-op thread: must be <= --intra-op-threads (2), got 4");
 }

@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 import servers
+from rmscore.core.config import ELASTIC_WORKERS
 from rmscore_loadtest.caller import Caller
 
 # The C++ server's side (and profiles crossing languages) is test_cost_profile_cpp.py.
@@ -33,7 +34,7 @@ def test_a_profile_is_measured_saved_reused_and_refused_when_it_does_not_match(k
     finally:
         server.stop()
     doc = json.loads(path.read_text())
-    assert doc["identity"]["intra_op_threads"] == 1 and doc["identity"]["model_workers"] == 1
+    assert doc["identity"]["intra_op_threads"] == 1 and doc["identity"]["model_workers"] == ELASTIC_WORKERS
     assert len(doc["table"]["cost_us"]) == len(doc["table"]["batch_sizes"])
 
     again = servers.start(kind, cost_profile=path, **FLAGS)

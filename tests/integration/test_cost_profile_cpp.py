@@ -11,6 +11,7 @@ import pytest
 
 import servers
 from rmscore.core import cost_profile
+from rmscore.core.config import ELASTIC_WORKERS
 from rmscore.core.cost import CostTable
 from rmscore.model.repository import load_repo
 
@@ -22,7 +23,7 @@ def identity(threads: int = THREADS) -> dict:
     """What the Python ONNX Runtime server writes for the default model on CPU in fp32."""
     repo = load_repo(servers.MODEL)
     known = {"model": repo.name, "model_version": repo.version, "backend": "onnxruntime", "device": "cpu",
-             "precision": "fp32", "intra_op_threads": threads, "model_workers": 1, "cpu": cost_profile.cpu_model()}
+             "precision": "fp32", "intra_op_threads": threads, "model_workers": ELASTIC_WORKERS, "cpu": cost_profile.cpu_model()}
     return {key: known[key] for key in cost_profile.IDENTITY_KEYS}
 
 
@@ -58,7 +59,7 @@ def test_profiles_load_across_languages(tmp_path):
     finally:
         assert server.stop() == 0
     table, workers = cost_profile.load(measured, identity())
-    assert workers == 1 and table.batch_sizes[0] == 1 and table.cost_us[0][0] >= 1
+    assert workers == ELASTIC_WORKERS and table.batch_sizes[0] == 1 and table.cost_us[0][0] >= 1
     # Python -> C++: a profile Python wrote (a distinctive table) is loaded, not measured again.
     written = tmp_path / "py.json"
     table = CostTable.make([1, 2], [16, 512], [[100, 200], [300, 500]])

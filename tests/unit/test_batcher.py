@@ -55,16 +55,23 @@ class Harness:
     """The stand-in model and a FIFO batcher around it."""
 
     def __init__(self, max_batch_size: int, delay_us: int = 0, max_queue: int = 4096, mode: str = FIFO,
-                 cost: CostTable | None = None, workers: int = 1, max_wait_us: int = 0, seed: float = 0.0):
+                 cost: CostTable | None = None, workers: int = 1, max_wait_us: int = 0, seed: float = 0.0,
+                 lone: bool = False):
         self.metrics = Metrics("test", "v0")
         self.gate = Gate()
         self.gated = False  # set before the first submit
         self.fail_on = None  # a batch holding a sequence with this first id fails "boom"
         self.aborted = False
         self.batches: list[list[int]] = []  # the first id of each sequence of each batch the model saw
+        self.lone_batches: list[list[int]] = []  # those of them that ran on the lone model
         opts = Batcher.Options(PlannerConfig(max_batch_size, 1 << 20, delay_us, mode), max_queue, 0,
                                CostModel(cost) if cost is not None else None, max_wait_us, seed)
-        self.batcher = Batcher(opts, [self.model] * workers, self.metrics, self.abort)
+        self.batcher = Batcher(opts, [self.model] * workers, self.metrics, self.abort,
+                               lone=self.lone_model if lone else None)
+
+    def lone_model(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        self.lone_batches.append(ids[:, 0].tolist())
+        return self.model(ids, mask)
 
     def abort(self) -> None:
         self.aborted = True
@@ -438,3 +445,43 @@ def test_two_model_workers_run_two_batches_at_once():
     assert (a.get().scores, b.get().scores) == ([1001], [2001])
     h.batcher.stop()
     assert not h.batcher.running()
+
+
+def test_a_batch_alone_runs_on_the_lone_model_and_one_beside_it_on_its_worker():
+    h = Harness(max_batch_size=1, workers=2, lone=True)
+    h.gated = True
+    a = submit(h.batcher, [[1]])
+    assert h.gate.wait_entered(1)  # alone: every thread
+    b = submit(h.batcher, [[2]])
+    assert h.gate.wait_entered(2)  # beside it: its worker's session
+    h.gate.open()
+    assert (a.get().scores, b.get().scores) == ([1001], [2001])
+    assert submit(h.batcher, [[3]]).get().scores == [3001]  # alone again
+    assert h.batches == [[1], [2], [3]]
+    assert h.lone_batches == [[1], [3]]
+    h.batcher.stop()
+
+
+def test_a_batch_that_leaves_work_waiting_runs_on_its_worker():
+    # Two sequences, batches of one: the first leaves the second waiting for the other worker, so
+    # neither takes every thread.
+    h = Harness(max_batch_size=1, workers=2, lone=True)
+    h.gated = True
+    a = submit(h.batcher, [[1], [2]])
+    assert h.gate.wait_entered(2)
+    h.gate.open()
+    assert a.get().scores == [1001, 2001]
+    assert sorted(h.batches) == [[1], [2]]
+    assert h.lone_batches == []
+    h.batcher.stop()
+
+
+def test_lone_runs_do_not_refine_the_cost_table():
+    # The table describes the workers' sessions, where batches run under load.
+    h = Harness(max_batch_size=8, mode=COST_AWARE, cost=CPU_LIKE, workers=2, lone=True)
+    for k in range(1, 4):
+        assert submit(h.batcher, [[k] * 16]).get().scores == [k * 1000 + 16]
+    assert h.lone_batches == [[1], [2], [3]]
+    assert h.batcher._opts.cost.observed == 0
+    h.batcher.stop()
+

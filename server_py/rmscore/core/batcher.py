@@ -4,8 +4,11 @@ The sequences of accepted requests wait in one queue; a batcher thread asks the
 planner (planner.py) what to run or how long to wait, then runs that batch on the
 model itself, and each request is answered once all of its sequences are scored,
 or at once when it fails. With several model workers (--model-workers) there is
-one batcher thread per worker, each with its own model session, all running the
-same loop: whichever is idle plans the next batch. server_cpp/src/batcher.{h,cc} is this file in C++, with
+one batcher thread per worker, all running the same loop: whichever is idle plans
+the next batch. With a `lone` model (--model-workers elastic, the default) a batch
+that starts while no other runs and none waits runs on it instead: a session with
+every intra-op thread, so a batch alone gets them all and batches at once get one
+each (runtimes/workers.py). server_cpp/src/batcher.{h,cc} is this file in C++, with
 the same names and the same steps (docs/batching.md, "Structure").
 
 Locking: everything shared lives under `_mu`. It is held to admit, plan, take and
@@ -111,12 +114,14 @@ class Batcher:
         seed_us_per_token: float = 0.0
 
     def __init__(self, opts: Options, model: BatchModel | list[BatchModel], metrics: Metrics,
-                 abort: Callable[[], None] | None = None):
+                 abort: Callable[[], None] | None = None, lone: BatchModel | None = None):
         """`model`: one per worker (a list) or a single one. `abort` (optional) makes the model runs in
-        progress fail; stop uses it."""
+        progress fail; stop uses it. `lone` (optional): the model for a batch that starts while no
+        other batch runs and no sequence is left waiting."""
         self._opts = opts
         models = model if isinstance(model, list) else [model]
         self._abort = abort
+        self._lone = lone
         self._metrics = metrics
         self._mu = threading.Lock()
         self._work_cv = threading.Condition(self._mu)  # for the batcher thread: a job arrived or was cancelled, stop
@@ -130,6 +135,7 @@ class Batcher:
         self._work = QueueWork(len(models), opts.max_queue_wait_us, opts.seed_us_per_token)
         self._next_seq_id = 1
         self._in_flight = 0  # accepted, callback not yet run
+        self._running = 0  # batches taken and not yet recorded: a lone one is chosen when this is 0
         self._accepting = True
         self._stopping = False
         # The batcher threads, one per model worker: each plans, then runs, one batch at a time.
@@ -235,11 +241,18 @@ class Batcher:
                 if self._stopping:
                     return
                 batch = self._next_batch_locked(answers)
-                if batch is not None and self._queue:
-                    self._work_cv.notify()  # work is left: an idle worker may take the next batch
+                run_on = model
+                if batch is not None:
+                    if self._queue:
+                        self._work_cv.notify()  # work is left: an idle worker may take the next batch
+                    elif self._running == 0 and self._lone is not None:
+                        # Alone, and nothing waits to join it: every thread. A batch taken while it runs
+                        # goes to its own worker's session and shares the cores until this one ends.
+                        run_on = self._lone
+                    self._running += 1
             self._answer(answers)
             if batch is not None:
-                self._run(batch, model)
+                self._run(batch, run_on, lone=run_on is not model)
 
     def _next_batch_locked(self, answers: list[Job]) -> _Batch | None:
         """Precondition: _mu held. Waits until there is something to do: returns the next batch,
@@ -279,8 +292,8 @@ class Batcher:
         self._queue_changed_locked()
         return _Batch(seqs, input_ids, mask, 1.0 - real / mask.size, real)
 
-    def _run(self, b: _Batch, model: BatchModel) -> None:
-        """Runs one batch on this worker's model (without _mu), then records its scores or its failure."""
+    def _run(self, b: _Batch, model: BatchModel, lone: bool = False) -> None:
+        """Runs one batch on `model` (without _mu), then records its scores or its failure."""
         t0 = time.perf_counter()
         scores: np.ndarray | None = None
         error: ScoreError | None = None
@@ -302,8 +315,11 @@ class Batcher:
                 # A run aborted by stop (the end of the drain grace) is the drain refusing the work,
                 # as for the jobs still queued, not a model fault (the C++ batcher's rule).
                 error = _draining()
-            if self._opts.cost is not None and error is None:
+            # The cost table describes the workers' sessions, where batches run under load, which is
+            # where the planner's choices matter: a lone run, on every thread, would skew it.
+            if self._opts.cost is not None and error is None and not lone:
                 self._opts.cost.observe(len(b.seqs), b.input_ids.shape[1], ms / 1e3)
+            self._running -= 1
             self._work.batch_ended(b.real_tokens)
             if error is None:
                 self._work.observe(ms * 1e3, b.real_tokens)

@@ -55,10 +55,15 @@ class ConfigError(ValueError):
 
 #: --model-workers auto: measured at warm-up (runtimes/workers.py).
 AUTO_WORKERS = 0
+#: --model-workers elastic, the default: one batcher thread per intra-op thread sharing a one-thread
+#: session, and a session of every intra-op thread for a batch that runs alone (runtimes/workers.py).
+ELASTIC_WORKERS = -1
 
 
 def parse_workers(value: str) -> int:
-    """--model-workers: "auto" (AUTO_WORKERS) or a count >= 1."""
+    """--model-workers: "elastic" (ELASTIC_WORKERS), "auto" (AUTO_WORKERS) or a count >= 1."""
+    if value == "elastic":
+        return ELASTIC_WORKERS
     if value == "auto":
         return AUTO_WORKERS
     try:
@@ -66,7 +71,7 @@ def parse_workers(value: str) -> int:
     except ValueError:
         count = -1
     if count < 1:
-        raise ConfigError(f"--model-workers: must be 'auto' or an integer >= 1, got {value!r}")
+        raise ConfigError(f"--model-workers: must be 'elastic', 'auto' or an integer >= 1, got {value!r}")
     return count
 
 
@@ -132,8 +137,9 @@ class ServeConfig:
     #: batch size limit (core/cost_profile.py): measured once per machine, reused, replaced when it does
     #: not match. None (--cost-profile-dir none): measured at every start, never saved.
     cost_profile_dir: pathlib.Path | None = field(default_factory=cost_profile_default_dir)
-    #: Model sessions run in parallel, each with intra_op_threads / model_workers threads; AUTO_WORKERS: measured.
-    model_workers: int = 1
+    #: Model sessions run in parallel, each with intra_op_threads / model_workers threads; AUTO_WORKERS:
+    #: measured; ELASTIC_WORKERS: a lone batch gets every thread, concurrent batches one each.
+    model_workers: int = ELASTIC_WORKERS
     # Access control (docs/contract.md): TLS with both files, a shared bearer token from a
     # file (never a flag value, so it does not show in `ps`). None: off.
     tls_cert_file: pathlib.Path | None = None
@@ -302,9 +308,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-key-file", default=None, help="PEM private key of --tls-cert-file")
     p.add_argument("--auth-token-file", default=None,
                    help="file holding a shared bearer token required on every call but health")
-    p.add_argument("--model-workers", default="1",
-                   help="model sessions run in parallel, each with intra-op-threads / N threads; 'auto' measures "
-                        "1, 2, 4 ... at warm-up and keeps the fastest (default: %(default)s)")
+    p.add_argument("--model-workers", default="elastic",
+                   help="'elastic': a batch that runs alone gets every intra-op thread, batches that run at once "
+                        "one thread each (ONNX Runtime; torch keeps 1 worker); N: N sessions run in parallel, each "
+                        "with intra-op-threads / N threads; 'auto' measures 1, 2, 4 ... at warm-up and keeps the "
+                        "fastest (default: %(default)s)")
     p.add_argument("--cost-profile", default=None,
                    help="cost table file: loaded when it exists (refused if measured for another model, backend, "
                         "device, precision, thread count or CPU), else measured at warm-up and saved there")

@@ -19,13 +19,13 @@ import numpy as np
 from rmscore import runtimes
 from rmscore.core.batcher import Batcher, Job, Result
 from rmscore.core import cost_profile
-from rmscore.core.config import ConfigError, ServeConfig
+from rmscore.core.config import AUTO_WORKERS, ConfigError, ServeConfig
 from rmscore.core.cost import CostModel, CostTable
 from rmscore.core.planner import COST_AWARE
 from rmscore.core.errors import Code, ScoreError
 from rmscore.core.metrics import Metrics
 from rmscore.model.repository import ModelRepo, load_repo
-from rmscore.runtimes.workers import start_workers
+from rmscore.runtimes.workers import Workers, start_workers
 from rmscore.core.validation import Limits, SeqInput, Validator
 
 #: The sequence length of admission's first timed batch (_work_seed); server_cpp's kSeedLength.
@@ -60,7 +60,7 @@ class ScoringCore:
         # Serialises the warm-up's "now SERVING" against SIGTERM's "now DRAINING".
         self._state_lock = threading.Lock()
         self._recompiles_lock = threading.Lock()  # model workers' threads count recompiles together
-        self.backends: list = []
+        self.workers: Workers | None = None
         # A saved profile is checked before anything loads: a wrong one refuses to start at once.
         self.cost_identity = cost_profile.identity(self.repo, cfg)
         self.cost_table: CostTable | None = None
@@ -91,14 +91,16 @@ class ScoringCore:
         t0 = time.perf_counter()
         try:
             workers = self.cost_identity["model_workers"]
-            self.backends = start_workers(self.cfg, self.repo, workers or None)
-            self.backend = self.backends[0]
-            self.cost_identity["model_workers"] = len(self.backends)
+            self.workers = start_workers(self.cfg, self.repo, workers or None)
+            # The first run session: the cost table and the seed are measured on what runs under load.
+            self.backend = self.workers.runs[0]
+            if workers == AUTO_WORKERS:
+                self.cost_identity["model_workers"] = len(self.workers.runs)  # what a saved profile measured
             for _ in range(self.cfg.warmup_rounds):
                 if self.state != WARMING_UP:  # SIGTERM: a long --warmup-rounds must not hold the exit
                     runtimes.progress("stopped during warm-up")
                     return
-                for backend in self.backends:
+                for backend in self.workers.sessions():
                     backend.warmup(self.cfg.max_batch_size, self.repo.max_sequence_length)
             cost = self._cost_model()
             seed = self._work_seed()
@@ -117,7 +119,8 @@ class ScoringCore:
             self.batcher = Batcher(Batcher.Options(self.cfg.planner, self.cfg.max_queue_sequences,
                                                    self.repo.pad_token_id, cost,
                                                    int(self.cfg.max_queue_wait_seconds * 1e6), seed),
-                                   [self._scorer(b) for b in self.backends], self.metrics)
+                                   [self._scorer(b) for b in self.workers.runs], self.metrics,
+                                   lone=None if self.workers.lone is None else self._scorer(self.workers.lone))
             self._set_state(SERVING)
         runtimes.progress(f"ready: SERVING after {time.perf_counter() - t0:.1f} s")
 

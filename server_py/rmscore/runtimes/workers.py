@@ -1,10 +1,16 @@
-"""Model workers (--model-workers): W sessions of the model, each with intra-op-threads / W threads.
+"""Model workers (--model-workers): the sessions the batcher threads run batches on.
 
-On a CPU, one session of 2 threads and two sessions of 1 thread do not score alike: small batches
-leave a second intra-op thread idle, and two sessions running two batches at once use both cores.
-Which is faster depends on the machine, the model and the load, so `auto` measures it at warm-up
-and says what it chose. The batcher runs one thread per worker (core/batcher.py); the C++ server
-does the same (server_cpp/src/main.cc).
+On a CPU, one session of 2 threads and two sessions of 1 thread do not score alike: a batch alone
+runs faster on every thread (one session of 2: 92 seq/s at batch 1 here), and two batches at once
+run faster on a thread each (two of 1: 100 seq/s together, where the 2-thread session run from two
+threads at once gives 74). No fixed split wins at every load, so the default, `elastic`, keeps both:
+one batcher thread per intra-op thread, all sharing one session of one intra-op thread (an ONNX
+Runtime run is thread-safe and works on its caller's thread, so T callers of one 1-thread session
+score as fast as T sessions, with one copy of the weights), and a session of every intra-op thread
+that the batcher gives a batch starting alone (core/batcher.py, `lone`). A count W keeps W sessions
+of T / W threads; `auto` measures 1, 2, 4 ... at warm-up and keeps the fastest for every load.
+docs/batching.md, "Threads", has the measurements; the C++ server does the same
+(server_cpp/src/main.cc).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import time
 
 import numpy as np
 
-from rmscore.core.config import ServeConfig
+from rmscore.core.config import ELASTIC_WORKERS, ServeConfig
 from rmscore.model.repository import ModelRepo
 from rmscore.runtimes import Backend, create, progress
 
@@ -31,6 +37,31 @@ def candidates(intra_op_threads: int) -> list[int]:
         out.append(w)
         w *= 2
     return out
+
+
+@dataclasses.dataclass
+class Workers:
+    """What a server scores with. `runs`: one session per batcher thread (the same one may be listed
+    more than once: shared); `lone`: the session for a batch that starts while no other runs and no
+    other waits, with every intra-op thread; None when the runs' sessions have them already."""
+
+    runs: list[Backend]
+    lone: Backend | None = None
+
+    def sessions(self) -> list[Backend]:
+        """Each distinct session once, `runs` first: what is warmed up."""
+        out: list[Backend] = []
+        for b in [*self.runs, *([self.lone] if self.lone is not None else [])]:
+            if all(b is not o for o in out):
+                out.append(b)
+        return out
+
+
+def elastic_applies(cfg: ServeConfig) -> bool:
+    """Whether `elastic` splits threads here: ONNX Runtime on a CPU with more than one intra-op thread.
+    PyTorch has one intra-op pool per process (two threads calling it share it), and on a GPU the
+    intra-op threads are not where a batch runs."""
+    return cfg.backend == "onnxruntime" and cfg.device == "cpu" and cfg.intra_op_threads > 1
 
 
 def create_workers(cfg: ServeConfig, repo: ModelRepo, count: int) -> list[Backend]:
@@ -62,9 +93,30 @@ def throughput(backends: list[Backend], seconds: float = PROBE_SECONDS) -> float
     return sum(done) / (time.perf_counter() - t0)
 
 
-def start_workers(cfg: ServeConfig, repo: ModelRepo, fixed: int | None) -> list[Backend]:
-    """The workers to serve with: `fixed` of them, or (--model-workers auto, `fixed` None) the count
-    that measured fastest. torch.compile keeps one under auto: every worker compiles its own graph."""
+def start_workers(cfg: ServeConfig, repo: ModelRepo, fixed: int | None) -> Workers:
+    """The workers to serve with: `elastic` (ELASTIC_WORKERS), `fixed` of them, or (--model-workers
+    auto, `fixed` None) the count that measured fastest. torch.compile keeps one under auto: every
+    worker compiles its own graph."""
+    if fixed == ELASTIC_WORKERS:
+        return _elastic(cfg, repo)
+    return Workers(_fixed_or_auto(cfg, repo, fixed))
+
+
+def _elastic(cfg: ServeConfig, repo: ModelRepo) -> Workers:
+    threads = cfg.intra_op_threads
+    if not elastic_applies(cfg):
+        why = "one intra-op thread" if threads == 1 else (
+            "a GPU" if cfg.device != "cpu" else "torch has one intra-op pool per process")
+        progress(f"model workers: elastic keeps 1 x {threads} intra-op threads ({why})")
+        return Workers(create_workers(cfg, repo, 1))
+    shared = create(dataclasses.replace(cfg, intra_op_threads=1, model_workers=1), repo)
+    lone = create(dataclasses.replace(cfg, model_workers=1), repo)
+    progress(f"model workers: elastic, up to {threads} batches at once on one 1-thread session, "
+             f"a batch alone on a {threads}-thread one")
+    return Workers([shared] * threads, lone)
+
+
+def _fixed_or_auto(cfg: ServeConfig, repo: ModelRepo, fixed: int | None) -> list[Backend]:
     if fixed is None and cfg.backend == "compile":
         progress("model workers: auto keeps 1 for torch.compile (each worker would compile its graph again)")
         fixed = 1
