@@ -80,6 +80,30 @@ def test_whole_batch_far_above_the_queue_is_served(server):
     assert answer["scores"] == answer["rewards"]
 
 
+def test_whole_batch_of_full_length_queries_beyond_the_work_bound_is_served(tmp_path):
+    """OpenRLHF's whole batch of 512-token queries, four times the work the queue admits (1 s): fed in
+    parts as the work ahead frees, one full answer. Parts of 16 x 512 tokens are validated on a thread;
+    before, every part was submitted at once after it and all but the first refused (429 after 1.1 s
+    for OpenRLHF's 5000 queries, issue 28)."""
+    path = tmp_path / "rm_template.jinja"
+    path.write_text(TEMPLATE)
+    s = servers.start("py-http-onnxruntime", strip_string=EOS, chat_template=str(path), max_queue_sequences=32,
+                      max_sequences_per_request=16, max_queue_wait_seconds=1)
+    try:
+        prompts = [f"question {k}" for k in range(8)]
+        responses = [" ".join(f"w{k}x{j}" for j in range(300)) for k in range(8)]
+        n = 64
+        body = {"query": [f"{prompts[i % 8]} {responses[i % 8]}{EOS}" for i in range(n)],
+                "prompts": [prompts[i % 8] for i in range(n)], "labels": [None] * n}
+        answer = post_like_090(s.base_url + "/get_reward", body)
+    finally:
+        s.stop(10)
+    unique = [want_ids(p, " " + r) for p, r in zip(prompts, responses)]
+    assert min(len(x) for x in unique) == 512  # full-length parts: the case validated on a thread
+    want = ort_scores(unique)
+    assert_scores(answer["rewards"], [want[i % 8] for i in range(n)])
+
+
 def metric(server, name: str, labels: str = "") -> float:
     m = re.search(rf"^{name}\{{[^}}]*{labels}[^}}]*\}} ([0-9.e+]+)$", server.metrics_text(), re.M)
     return float(m.group(1)) if m else 0.0

@@ -13,6 +13,7 @@ import pathlib
 import sys
 import threading
 import time
+from typing import Awaitable
 
 import numpy as np
 
@@ -224,6 +225,11 @@ class ScoringCore:
         return await self.score_ids(seqs, deadline_s)
 
     async def score_ids(self, seqs: list[list[int]], deadline_s: float | None) -> Result:
+        return await self.submit_ids(seqs, deadline_s)
+
+    def submit_ids(self, seqs: list[list[int]], deadline_s: float | None) -> Awaitable[Result]:
+        """Queues validated ids now or raises the refusal now (RESOURCE_EXHAUSTED, UNAVAILABLE); the
+        awaitable returned gives the Result, and cancelling it drops the sequences. Call on the loop."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
 
@@ -232,11 +238,53 @@ class ScoringCore:
 
         job = Job(seqs, deadline_s, done)
         self.batcher.submit(job)  # the batcher keeps the in-flight gauge, as in the C++ server
+        return self._result(job, fut)
+
+    async def _result(self, job: Job, fut: asyncio.Future) -> Result:
         try:
             return await fut
         except asyncio.CancelledError:
             self.batcher.cancel(job)
             raise
+
+    async def score_in_parts(self, items: list[SeqInput], truncation: str) -> list[float]:
+        """The scores, in order, of a request that may hold more sequences than the queue takes and
+        sets no deadline (OpenRLHF's whole rollout batch in one /get_reward, vLLM's batch routes).
+        Validated off the event loop, then queued in parts of max_sequences_per_request, each queued
+        or refused before the next is tried: a part refused for room (sequences or work ahead) waits
+        until one of this request's earlier parts is answered. When none of them is left to wait for
+        (the queue is full of other callers' work) or any part fails, every part still queued is
+        cancelled and the error raised, so a refused request costs the server nothing more.
+
+        Parts used to go through `score`, which validates a large part on a thread before queueing
+        it, so every part of a 5000-query request was submitted at once and the later ones were
+        refused by the work bound: 429 after 1.1 s, and OpenRLHF stops training after five retries."""
+        self.check_admission(None)  # before validating: a refusal costs nothing
+        m = self.cfg.max_sequences_per_request
+        parts = [items[k:k + m] for k in range(0, len(items), m)]
+        seqs = await asyncio.to_thread(lambda: [self.validator.request(p, truncation) for p in parts])
+        tasks: list[asyncio.Future] = []
+        try:
+            for part in seqs:
+                while True:
+                    try:
+                        tasks.append(asyncio.ensure_future(self.submit_ids(part, None)))
+                        break
+                    except ScoreError as e:
+                        waiting = [t for t in tasks if not t.done()]
+                        if e.code != Code.RESOURCE_EXHAUSTED or not waiting:
+                            raise
+                    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                    for t in waiting:
+                        if t.done() and t.exception() is not None:
+                            raise t.exception()
+            results = await asyncio.gather(*tasks)
+        except BaseException:  # refused, failed, or the client went away (cancelled): drop what is queued
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        return [float(x) for r in results for x in r.scores]
 
     # ---- shutdown -------------------------------------------------------------------------
     def begin_drain(self) -> None:

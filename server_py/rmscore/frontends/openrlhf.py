@@ -20,7 +20,7 @@ is counted (rmscore_get_reward_sequences_total{format}) and logged, since the re
 sees another text format than the other samples. An empty `query` is answered with empty lists.
 
 A request larger than the queue is fed to it in parts of max_sequences_per_request as earlier
-parts finish (`score_in_parts`), and answered once. Errors use the same JSON shape and HTTP
+parts finish (`ScoringCore.score_in_parts`), and answered once. Errors use the same JSON shape and HTTP
 statuses as /rmscore/v1/score (422, 429, 503, ...).
 """
 
@@ -33,7 +33,7 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict
 
-from rmscore.core.errors import Code, ScoreError, invalid
+from rmscore.core.errors import ScoreError, invalid
 from rmscore.core.validation import SeqInput, check_unicode
 from rmscore.core.scoring import ScoringCore
 from rmscore.frontends.http_errors import refusal
@@ -93,41 +93,6 @@ def parse(body: GetRewardIn, encoder: Encoder) -> list[tuple[str, str] | str]:
     return items
 
 
-async def score_in_parts(core: ScoringCore, ids: list[list[int]]) -> list[float]:
-    """Scores of `ids`, in order, queued in parts of max_sequences_per_request: a part the queue has
-    no room for waits until one of this request's earlier parts is answered. When none of them is
-    left to wait for (the queue is full of other work) or any part fails, every part still queued
-    is cancelled and the error raised, so a refused request costs the server nothing more."""
-    m = core.cfg.max_sequences_per_request
-    tasks: list[asyncio.Task] = []
-    try:
-        for k in range(0, len(ids), m):
-            part = [SeqInput(tokens=x) for x in ids[k:k + m]]
-            while True:
-                task = asyncio.ensure_future(core.score(part, "left", None))
-                # core.score queues token ids before its first await: one turn of the loop later the
-                # part is either in the queue or refused.
-                await asyncio.sleep(0)
-                err = task.exception() if task.done() else None
-                if err is None:
-                    tasks.append(task)
-                    break
-                waiting = [t for t in tasks if not t.done()]
-                if not (isinstance(err, ScoreError) and err.code == Code.RESOURCE_EXHAUSTED and waiting):
-                    raise err
-                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                for t in waiting:
-                    if t.done() and t.exception() is not None:
-                        raise t.exception()
-        results = await asyncio.gather(*tasks)
-    except BaseException:  # refused, failed, or the client went away (cancelled): drop what is queued
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
-    return [float(s) for r in results for s in r.scores]
-
-
 def register(app: FastAPI, core: ScoringCore, encoder: Encoder) -> None:
     formats = FormatCount(core)
 
@@ -142,7 +107,7 @@ def register(app: FastAPI, core: ScoringCore, encoder: Encoder) -> None:
             core.check_admission(None)  # before tokenizing: a refusal costs nothing
             ids = await asyncio.to_thread(encoder.encode, items)
             formats.add(items, body.prompts is not None)
-            scores = await score_in_parts(core, ids)
+            scores = await core.score_in_parts([SeqInput(tokens=x) for x in ids], "left")
         except ScoreError as e:
             return refusal(core, e, t0)
         core.metrics.request("OK", time.perf_counter() - t0)
