@@ -38,7 +38,8 @@ def check_envelope(body: dict, prefix: str, n: int) -> None:
     assert body["id"].startswith(prefix + "-") and body["object"] == "list" and isinstance(body["created"], int)
     assert body["model"] == "default" and len(body["data"]) == n
     assert [d["index"] for d in body["data"]] == list(range(n))
-    assert set(body["usage"]) == {"prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details"}
+    assert set(body["usage"]) == {"prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details",
+                                  "completion_tokens_details"}
     assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > 0
 
 
@@ -66,10 +67,15 @@ def test_classify_and_pooling(http):
     data = r.json()["data"]
     assert all(set(d) == {"index", "label", "probs", "num_classes"} and d["num_classes"] == 1 for d in data)
     assert_scores([d["probs"][0] for d in data], want)
-    r = http.post("/pooling", json={"input": texts[0]})
+    # /pooling pools a classifier as vLLM's classify task does: the activation unless use_activation is
+    # false (before: the raw reward by default, another number than vLLM's); the id from X-Request-Id.
+    r = http.post("/pooling", json={"input": texts[0]}, headers={"X-Request-Id": "rollout-7"})
     assert r.status_code == 200, r.text
-    check_envelope(r.json(), "pool", 1)
+    check_envelope(r.json(), "pooling", 1)
+    assert r.json()["id"] == "pooling-rollout-7"
     assert r.json()["data"][0]["object"] == "pooling"
+    assert_scores(r.json()["data"][0]["data"], [sigmoid(want[0])])
+    r = http.post("/pooling", json={"input": texts[0], "use_activation": False})
     assert_scores(r.json()["data"][0]["data"], want[:1])
     # A conversation: the last message is judged against what came before it.
     r = http.post("/classify", json={"messages": [{"role": "user", "content": PAIRS[1][0]},
@@ -93,3 +99,30 @@ def test_malformed_vllm_requests_are_422(http):
     assert r.status_code == 422 and "text_1" in r.json()["error"]["message"]
     r = http.post("/classify", json={"input": []})
     assert r.status_code == 422 and "input" in r.json()["error"]["message"]
+
+
+def test_models_and_health_as_vllm_example_clients_start(http):
+    # vLLM's pooling example clients begin with GET /v1/models and take data[0].id as the model.
+    r = http.get("/v1/models")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "list" and len(body["data"]) == 1
+    card = body["data"][0]
+    assert card["id"] == "default" and card["object"] == "model" and card["max_model_len"] == 512
+    assert {"created", "owned_by", "root", "parent", "permission"} <= set(card)
+    r = http.get("/health")
+    assert r.status_code == 200 and r.content == b""
+
+
+def test_tokenize_as_the_classify_example_calls_it(http):
+    text = "a short text to score"
+    r = http.post("/tokenize", json={"model": "default", "prompt": text, "return_token_strs": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    want = local_tokenizer().encode(text)
+    assert body["tokens"] == want.ids and body["count"] == len(want.ids) and body["max_model_len"] == 512
+    assert body["token_strs"] == want.tokens
+    r = http.post("/tokenize", json={"prompt": text, "add_special_tokens": False})
+    assert r.json()["tokens"] == local_tokenizer().encode(text, add_special_tokens=False).ids
+    assert r.json()["token_strs"] is None
+

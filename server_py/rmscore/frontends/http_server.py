@@ -363,10 +363,10 @@ class _CancelOnDisconnect:
 
 class _TokenCheck:
     """ASGI middleware: `Authorization: Bearer <token>` on every path but the probes' (/healthz,
-    /readyz) and /metrics (unauthenticated on every server kind: the gRPC servers serve it on
+    /readyz, vLLM's /health) and /metrics (unauthenticated on every server kind: the gRPC servers serve it on
     their own metrics port). Outermost, so nothing else runs for a refused call."""
 
-    OPEN = frozenset({"/healthz", "/readyz", "/metrics"})
+    OPEN = frozenset({"/healthz", "/readyz", "/health", "/metrics"})
 
     def __init__(self, app, token: str, core: ScoringCore):
         self.app, self.token, self.core = app, token, core

@@ -5,9 +5,15 @@ The request and response schemas are vLLM's (vllm/entrypoints/pooling/{classify,
 protocol.py and base/protocol.py; docs/frameworks/vllm-api.md cites the commits), so a client
 written for a vLLM reward or cross-encoder server works unchanged. Unknown fields are accepted and
 ignored, as vLLM's OpenAIBaseModel does. What differs, on purpose:
-- a reward model has one output: `num_classes` is 1 and `probs` one value; with vLLM's default
-  `use_activation` (None, i.e. true) it is sigmoid(reward), with `use_activation: false` the raw
-  reward rmscore's own route returns;
+- a reward model has one output: `num_classes` is 1 and `probs` (and /pooling's `data`) one value;
+  with vLLM's default `use_activation` (None, i.e. true) it is the model's activation of the reward
+  (sigmoid; the identity for `problem_type: regression` or a sentence-transformers `activation_fn`
+  of Identity in its config.json, as vLLM's get_act_fn decides), with `use_activation: false` the
+  raw reward rmscore's own route returns;
+- the id is `<route>-<X-Request-Id>` (or a random hex), as vLLM's `_base_request_id` makes it;
+- `GET /v1/models` lists the one model as vLLM's ModelList does, `POST /tokenize` answers as vLLM's,
+  and `GET /health` answers 200 with an empty body while serving (503 otherwise), a probe without a
+  token as /healthz;
 - text too long for the model is cut (from the left, or `truncation_side`) instead of refused, so one
   long rollout never stops training; `truncate_prompt_tokens` cuts to that many tokens;
 - errors use rmscore's JSON error shape and statuses (422 for a malformed request).
@@ -23,14 +29,13 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from rmscore.core.errors import ScoreError, invalid
-from rmscore.core.scoring import ScoringCore
-from rmscore.core.validation import check_unicode
+from rmscore.core.scoring import SERVING, ScoringCore
+from rmscore.core.validation import SeqInput, check_unicode
 from rmscore.frontends.http_errors import refusal
-from rmscore.frontends.openrlhf import score_in_parts
 from rmscore.frontends.reward_text import Encoder
 
 
@@ -57,6 +62,17 @@ class ClassifyIn(_VllmRequest):
 
 class PoolingIn(ClassifyIn):
     task: str | None = None
+
+
+class TokenizeIn(BaseModel):
+    """TokenizeCompletionRequest (`prompt`) or TokenizeChatRequest (`messages`)."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    add_special_tokens: bool | None = None  # vLLM: True for `prompt`, False for `messages`
+    return_token_strs: bool | None = False
 
 
 ScoreInputs = str | list[str]
@@ -115,6 +131,7 @@ class VllmRoutes:
         cfg = json.loads((core.repo.path / "hf" / "config.json").read_text()) \
             if (core.repo.path / "hf" / "config.json").is_file() else {}
         self.label = (cfg.get("id2label") or {}).get("0", "LABEL_0")
+        self.identity = _identity_activation(cfg)
 
     def _cut(self, ids: list[int], body: _VllmRequest) -> list[int]:
         k = body.truncate_prompt_tokens
@@ -146,16 +163,55 @@ class VllmRoutes:
         ids = await asyncio.to_thread(lambda: [list(it) if isinstance(it, list) else
                                                self.encoder.encode_one(it, add_special_tokens) for it in items])
         ids = [self._cut(x, body) for x in ids]
-        return await score_in_parts(self.core, ids), sum(len(x) for x in ids)
+        return await self.core.score_in_parts([SeqInput(tokens=x) for x in ids], "left"), sum(len(x) for x in ids)
 
-    def envelope(self, prefix: str, data: list, tokens: int) -> dict:
-        return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-                "model": self.core.repo.name, "data": data,
+    def envelope(self, prefix: str, data: list, tokens: int, request: Request) -> dict:
+        return {"id": f"{prefix}-{request.headers.get('x-request-id') or uuid.uuid4().hex}", "object": "list",
+                "created": int(time.time()), "model": self.core.repo.name, "data": data,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
-                          "prompt_tokens_details": None}}
+                          "prompt_tokens_details": None, "completion_tokens_details": None}}
 
     def activation(self, body: _VllmRequest, r: float) -> float:
-        return r if body.use_activation is False else 1.0 / (1.0 + math.exp(-r))
+        if body.use_activation is False or self.identity:
+            return r
+        return 1.0 / (1.0 + math.exp(-r))
+
+    def tokenize(self, body: TokenizeIn) -> dict:
+        """vLLM's TokenizeResponse. A conversation's ids are those the pooling routes score for it; a
+        prompt's are its whole tokenization (not cut to the model's length, as in vLLM)."""
+        if body.messages is not None:
+            ids = self.encoder.encode_one(self.encoder.strip_pair(_messages_pair(body.messages)))
+        elif body.prompt is not None:
+            check_unicode(body.prompt, "prompt")
+            special = body.add_special_tokens if body.add_special_tokens is not None else True
+            ids = self.encoder.plain.encode(self.encoder.strip(body.prompt), add_special_tokens=special).ids
+        else:
+            raise invalid("body: send prompt or messages")
+        strs = [self.encoder.plain.id_to_token(i) for i in ids] if body.return_token_strs else None
+        return {"count": len(ids), "max_model_len": self.core.repo.max_sequence_length, "tokens": ids,
+                "token_strs": strs}
+
+    def models(self) -> dict:
+        """vLLM's ModelList with the one model's card."""
+        now = int(time.time())
+        return {"object": "list", "data": [{
+            "id": self.core.repo.name, "object": "model", "created": now, "owned_by": "rmscore",
+            "root": self.core.repo.name, "parent": None, "max_model_len": self.core.repo.max_sequence_length,
+            "permission": [{"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": now,
+                            "allow_create_engine": False, "allow_sampling": False, "allow_logprobs": False,
+                            "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                            "organization": "*", "group": None, "is_blocking": False}]}]}
+
+
+def _identity_activation(cfg: dict) -> bool:
+    """Whether vLLM's activation for this one-label classifier is the identity: `problem_type`
+    regression first, then a sentence-transformers cross-encoder's `activation_fn`; else sigmoid."""
+    problem = cfg.get("problem_type")
+    if problem is not None:
+        return problem == "regression"
+    act = ((cfg.get("sentence_transformers") or {}).get("activation_fn")
+           or cfg.get("sbert_ce_default_activation_function") or "")
+    return act.endswith(".Identity")
 
 
 def register(app: FastAPI, core: ScoringCore, encoder: Encoder) -> None:
@@ -170,31 +226,46 @@ def register(app: FastAPI, core: ScoringCore, encoder: Encoder) -> None:
         core.metrics.request("OK", time.perf_counter() - t0)
         return out
 
-    async def per_input(body: ClassifyIn, prefix: str, item) -> dict:
+    async def per_input(body: ClassifyIn, request: Request, prefix: str, item) -> dict:
         """/classify and /pooling: one `item(index, reward)` per input (text, ids or the conversation)."""
         async def work():
             special = body.add_special_tokens if body.add_special_tokens is not None else body.messages is None
             rewards, n = await routes.score(routes.inputs(body), body, special)
-            return routes.envelope(prefix, [item(i, r) for i, r in enumerate(rewards)], n)
+            return routes.envelope(prefix, [item(i, r) for i, r in enumerate(rewards)], n, request)
         return await answer(work)
 
     @app.post("/classify")
-    async def classify(body: ClassifyIn):
-        return await per_input(body, "classify", lambda i, r: {
+    async def classify(body: ClassifyIn, request: Request):
+        return await per_input(body, request, "classify", lambda i, r: {
             "index": i, "label": routes.label, "probs": [routes.activation(body, r)], "num_classes": 1})
 
     @app.post("/score")
-    async def score(body: ScoreIn):
+    async def score(body: ScoreIn, request: Request):
         async def work():
             pairs = [routes.encoder.strip_pair(p) for p in _pairs(*body.sides())]
             rewards, n = await routes.score(pairs, body)
             data = [{"index": i, "object": "score", "score": routes.activation(body, r)}
                     for i, r in enumerate(rewards)]
-            return routes.envelope("score", data, n)
+            return routes.envelope("score", data, n, request)
         return await answer(work)
 
     @app.post("/pooling")
-    async def pooling(body: PoolingIn):
-        # vLLM's pooling output of a one-label classifier: [value] per input, raw unless use_activation is true.
-        return await per_input(body, "pool", lambda i, r: {
-            "index": i, "object": "pooling", "data": [routes.activation(body, r) if body.use_activation else r]})
+    async def pooling(body: PoolingIn, request: Request):
+        # vLLM pools a sequence classifier with its "classify" task: the activation applies unless
+        # use_activation is false (PoolingParams' default for classify is true).
+        return await per_input(body, request, "pooling", lambda i, r: {
+            "index": i, "object": "pooling", "data": [routes.activation(body, r)]})
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeIn):
+        async def work():
+            return await asyncio.to_thread(routes.tokenize, body)
+        return await answer(work)
+
+    @app.get("/v1/models")
+    async def models():
+        return routes.models()
+
+    @app.get("/health")
+    async def health():
+        return Response(status_code=200 if core.state == SERVING else 503)
