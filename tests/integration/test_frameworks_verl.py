@@ -69,8 +69,10 @@ def test_naive_reward_manager_calls_compute_score(targets, transport):
                               {"target": targets[transport], "http": transport == "http"})
     got = [fn(data_source="openai/gsm8k", solution_str=r, ground_truth=info.get("answer"), extra_info=dict(info))
            for info, r in SAMPLES]
-    assert all(isinstance(x, float) for x in got)
-    assert_scores(got, reference())
+    # What verl's naive manager reads: result["score"] as the reward, every key logged under its name.
+    assert all(set(x) == {"score", "rm_score", "rm_prompt_missing"} and x["rm_prompt_missing"] == 0.0 for x in got)
+    assert_scores([x["score"] for x in got], reference())
+    assert [x["rm_score"] for x in got] == [x["score"] for x in got]
 
 
 @pytest.mark.parametrize("name", ["compute_score_async", "compute_score"])
@@ -83,14 +85,26 @@ def test_reward_loop_awaits_or_offloads_it(targets, name):
 
     # Two event loops one after the other (verl's reward workers each have their own): each gets a
     # client of its own, so a channel of a closed loop is never reused.
-    assert_scores(asyncio.run(batch()), reference())
-    assert_scores(asyncio.run(batch()), reference())
+    assert_scores([x["score"] for x in asyncio.run(batch())], reference())
+    assert_scores([x["score"] for x in asyncio.run(batch())], reference())
 
 
-def test_sample_without_prompt_is_refused(targets):
-    from rmscore_client.adapters.verl import compute_score
+def test_sample_without_prompt_is_scored_as_its_response_or_refused_by_choice(targets, caplog):
+    """verl's full_hh_rlhf, math_dataset and hellaswag preprocessing put no prompt in extra_info, and
+    verl's reward loop does not catch an exception: such a sample is scored as the response alone
+    (before: ValueError at the first sample, training stopped), said once in the log and per sample."""
+    from rmscore_client.adapters import verl
 
+    fn = get_custom_reward_fn("pkg://rmscore_client.adapters.verl", "compute_score", {"target": targets["grpc"]})
+    verl._warned = False
+    with caplog.at_level("WARNING", logger="rmscore_client.verl"):
+        got = [fn(data_source="Dahoas/full-hh-rlhf", solution_str="a response", ground_truth=None,
+                  extra_info={"split": "train", "index": i}) for i in range(2)]
+    assert [r.levelname for r in caplog.records].count("WARNING") == 1 and "no prompt" in caplog.text
+    want = ort_scores([local_tokenizer().encode("a response").ids])[0]
+    assert all(x["rm_prompt_missing"] == 1.0 for x in got)
+    assert_scores([x["score"] for x in got], [want, want])
     with pytest.raises(ValueError, match="extra_info has no prompt"):
-        compute_score("src", "a response", None, {"index": 3}, target=targets["grpc"])
-    assert compute_score("src", "It is 4.", None, {"q": "What is 2 + 2?"}, target=targets["grpc"],
-                         prompt_key="q") == pytest.approx(reference()[0], abs=1e-4)
+        verl.compute_score("src", "a response", None, {"index": 3}, target=targets["grpc"], missing_prompt="error")
+    assert verl.compute_score("src", "It is 4.", None, {"q": "What is 2 + 2?"}, target=targets["grpc"],
+                              prompt_key="q", return_float=True) == pytest.approx(reference()[0], abs=1e-4)

@@ -10,12 +10,20 @@ the sync one directly (workers/reward_manager/naive.py) or in an executor thread
 (`inspect.iscoroutinefunction`) awaited on the reward loop (experimental/reward_loop/reward_manager/
 naive.py). verl passes the decoded response only: the prompt comes from the sample's `extra_info`
 (verl's own data preprocessing stores it there, e.g. `extra_info["question"]` for GSM8K), under
-`prompt_key`, or the first of PROMPT_KEYS present. A sample without one is an error, never scored
-as a response alone: that would be another text format than the model was trained on.
+`prompt_key`, or the first of PROMPT_KEYS present. verl's own reward-model example (full_hh_rlhf)
+and others store none, and verl's reward loop does not catch an exception, so a sample without a
+prompt is scored as its response alone (`missing_prompt: response`, the default), said once per
+process in the log and per sample as `rm_prompt_missing` 1.0 in what verl logs; with
+`missing_prompt: error` it raises ValueError instead.
+
+The return is a dict, `{"score": reward, "rm_score": reward, "rm_prompt_missing": 0.0 or 1.0}`:
+verl rewards with `score` and logs every key under its name (a float would be logged as `acc`).
+`return_float: true` returns the reward alone.
 
 reward_kwargs (all optional but the target):
     target: gRPC target, or the FastAPI base URL with http: true (default: $RMSCORE_TARGET)
-    http: false; prompt_key: null; truncation: left; timeout_s: 30; scale: 1.0; shift: 0.0
+    http: false; prompt_key: null; missing_prompt: response; truncation: left; timeout_s: 30;
+    scale: 1.0; shift: 0.0; return_float: false
 
 Clients are built lazily and reused: one per process for the sync function, one per event loop
 for the async one (a gRPC aio channel belongs to the loop it was made on).
@@ -24,6 +32,7 @@ for the async one (a gRPC aio channel belongs to the loop it was made on).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import weakref
@@ -41,15 +50,37 @@ _sync_lock = threading.Lock()
 _loop_clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def prompt_of(extra_info: dict | None, prompt_key: str | None = None) -> str:
-    """The sample's prompt text from verl's `extra_info` (a string or a list of chat messages)."""
+MISSING_PROMPT = ("response", "error")
+_log = logging.getLogger("rmscore_client.verl")
+_warned = False
+
+
+def prompt_of(extra_info: dict | None, prompt_key: str | None = None, missing_prompt: str = "error") -> str | None:
+    """The sample's prompt text from verl's `extra_info` (a string or a list of chat messages). None
+    when it has none and `missing_prompt` is "response" (logged once per process); else ValueError."""
+    global _warned
+    if missing_prompt not in MISSING_PROMPT:
+        raise ValueError(f"reward_kwargs.missing_prompt: must be one of {MISSING_PROMPT}, got {missing_prompt!r}")
     info = extra_info or {}
     keys = (prompt_key,) if prompt_key else PROMPT_KEYS
     for k in keys:
         if info.get(k) is not None:
             return message_text(info[k])
-    raise ValueError(f"extra_info has no prompt under {' or '.join(map(repr, keys))} (keys: {sorted(info)}); "
-                     "store the prompt there in the data preprocessing, or set reward_kwargs.prompt_key")
+    why = (f"extra_info has no prompt under {' or '.join(map(repr, keys))} (keys: {sorted(info)}); "
+           "store the prompt there in the data preprocessing, or set reward_kwargs.prompt_key")
+    if missing_prompt == "error":
+        raise ValueError(why)
+    if not _warned:
+        _warned = True
+        _log.warning("rmscore: %s. Scoring such samples as the response alone (rm_prompt_missing 1.0 in verl's "
+                     "logs); reward_kwargs.missing_prompt: error refuses them instead", why)
+    return None
+
+
+def _result(reward: float, prompt: str | None, return_float: bool) -> float | dict:
+    if return_float:
+        return reward
+    return {"score": reward, "rm_score": reward, "rm_prompt_missing": 0.0 if prompt is not None else 1.0}
 
 
 def _target(target: str | None) -> str:
@@ -79,24 +110,36 @@ def _async_client(target: str, http: bool, timeout_s: float):
 
 def compute_score(data_source: Any = None, solution_str: str = "", ground_truth: Any = None,
                   extra_info: dict | None = None, *, target: str | None = None, http: bool = False,
-                  prompt_key: str | None = None, truncation: str = "left", timeout_s: float = 30.0,
-                  scale: float = 1.0, shift: float = 0.0, **_verl_kwargs) -> float:
-    """The reward of `solution_str` for the prompt in `extra_info`. verl's other arguments
-    (data_source, ground_truth, reward_router_address, ...) are accepted and unused."""
-    prompt = prompt_of(extra_info, prompt_key)
+                  prompt_key: str | None = None, missing_prompt: str = "response", truncation: str = "left",
+                  timeout_s: float = 30.0, scale: float = 1.0, shift: float = 0.0, return_float: bool = False,
+                  **_verl_kwargs) -> float | dict:
+    """The reward of `solution_str` for the prompt in `extra_info` (the module docstring says what is
+    returned). verl's other arguments (data_source, ground_truth, reward_router_address, ...) are
+    accepted and unused."""
+    prompt = prompt_of(extra_info, prompt_key, missing_prompt)
     client = _sync_client(_target(target), http, timeout_s)
-    return client.score_texts([prompt], [solution_str], truncation=truncation).scores[0] * scale + shift
+    if prompt is None:
+        ids = client.tokenizer().encode(solution_str).ids
+        r = client.score_ids([ids], truncation=truncation)
+    else:
+        r = client.score_texts([prompt], [solution_str], truncation=truncation)
+    return _result(r.scores[0] * scale + shift, prompt, return_float)
 
 
 async def compute_score_async(data_source: Any = None, solution_str: str = "", ground_truth: Any = None,
                               extra_info: dict | None = None, *, target: str | None = None, http: bool = False,
-                              prompt_key: str | None = None, truncation: str = "left", timeout_s: float = 30.0,
-                              scale: float = 1.0, shift: float = 0.0, **_verl_kwargs) -> float:
+                              prompt_key: str | None = None, missing_prompt: str = "response",
+                              truncation: str = "left", timeout_s: float = 30.0, scale: float = 1.0,
+                              shift: float = 0.0, return_float: bool = False, **_verl_kwargs) -> float | dict:
     """`compute_score` for verl's async reward loop: awaited there, on a client of that loop."""
-    prompt = prompt_of(extra_info, prompt_key)
+    prompt = prompt_of(extra_info, prompt_key, missing_prompt)
     client = _async_client(_target(target), http, timeout_s)
-    r = await client.score_texts([prompt], [solution_str], truncation=truncation)
-    return r.scores[0] * scale + shift
+    if prompt is None:
+        ids = (await client.tokenizer()).encode(solution_str).ids
+        r = await client.score_ids([ids], truncation=truncation)
+    else:
+        r = await client.score_texts([prompt], [solution_str], truncation=truncation)
+    return _result(r.scores[0] * scale + shift, prompt, return_float)
 
 
 __all__ = ["compute_score", "compute_score_async", "prompt_of", "PROMPT_KEYS"]
