@@ -82,7 +82,7 @@ def parity(repo, be) -> float:
     """Max abs diff against the golden scores, each sequence alone and all as one padded batch."""
     import numpy as np
 
-    from rmscore.model.modeling import pad_batch
+    from rmscore.model.padding import pad_batch
 
     seqs, golden = repo.golden()
     ref = np.asarray(golden, dtype=np.float64)

@@ -24,7 +24,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 import servers
 from harness import GOLDEN_IDS, GOLDEN_SCORES, MANIFEST, MAX_LEN, ROOT, VOCAB, Caller, CallError, pb, pbg
 from rmscore.core.metrics import SPEC
-from rmscore.model.modeling import pad_batch
+from rmscore.model.padding import pad_batch
 from rmscore_loadtest.reliability.transport import expected_wait_s
 
 KINDS = servers.available_kinds()

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from rmscore.model.repository import REQUIRED_KEYS, load_repo
-from rmscore.model.modeling import RewardModule, inspect_checkpoint, load_hf_model, pad_batch
+from rmscore.model.modeling import RewardModule, inspect_checkpoint, load_hf_model
+from rmscore.model.padding import pad_batch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "models" / "default"

@@ -59,7 +59,7 @@ def plan_batches(lengths: list[int], policy: str, max_batch_size: int, max_batch
 
 
 def score_batches(backend, seqs: list[list[int]], batches: list[list[int]], pad_id: int) -> tuple[np.ndarray, float]:
-    from rmscore.model.modeling import pad_batch
+    from rmscore.model.padding import pad_batch
 
     scores = np.empty(len(seqs), dtype=np.float64)
     start = time.perf_counter()

@@ -37,7 +37,7 @@ def _sessions(repo: pathlib.Path, manifest: dict, threads: int) -> dict:
 
 
 def _batches(manifest: dict, rollout_size: int, lengths: str, seed: int) -> list[tuple]:
-    from rmscore.model.modeling import pad_batch
+    from rmscore.model.padding import pad_batch
 
     seqs = make_rollout(np.random.default_rng(seed), rollout_size, LengthMix.parse(lengths), manifest["vocab_size"])
     plan = plan_batches([len(s) for s in seqs], "length_aware", 32, 8192)

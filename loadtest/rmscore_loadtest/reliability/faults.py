@@ -165,7 +165,7 @@ def reference_scores(seqs: list[list[int]], model: pathlib.Path = MODEL) -> np.n
     """In-process ONNX Runtime, each sequence alone: the scores every server must give."""
     import onnxruntime as ort
 
-    from rmscore.model.modeling import pad_batch
+    from rmscore.model.padding import pad_batch
 
     pad = json.loads((model / "manifest.json").read_text())["pad_token_id"]
     sess = ort.InferenceSession(str(model / "model.onnx"), providers=["CPUExecutionProvider"])

@@ -31,7 +31,7 @@ from rmscore.core.cost import CostModel
 from rmscore.core.errors import Code, ScoreError
 from rmscore.core.metrics import Metrics
 from rmscore.core.planner import ArrivalRate, PlannerConfig, QueueIndex, Waiting, plan_live
-from rmscore.model.modeling import pad_batch
+from rmscore.model.padding import pad_batch
 
 
 @dataclass

@@ -21,7 +21,8 @@ import torch
 
 from rmscore.model import default_model, precision
 from rmscore.model.repository import FORMAT_VERSION, MANIFEST
-from rmscore.model.modeling import ModelLoadError, ModelSpec, RewardModule, inspect_checkpoint, load_hf_model, pad_batch
+from rmscore.model.modeling import ModelLoadError, ModelSpec, RewardModule, inspect_checkpoint, load_hf_model
+from rmscore.model.padding import pad_batch
 
 OPSET = 17
 FP32_TOLERANCE = 1e-5

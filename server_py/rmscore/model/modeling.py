@@ -112,20 +112,3 @@ class RewardModule(torch.nn.Module):
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         last = (positions * attention_mask).argmax(-1)
         return logits.gather(1, last[:, None])[:, 0]
-
-
-def pad_batch(seqs: list[list[int]], pad_id: int, left: bool = False):
-    """Pad to the longest; returns int64 numpy (input_ids, attention_mask)."""
-    import numpy as np
-
-    longest = max(len(s) for s in seqs)
-    ids = np.full((len(seqs), longest), pad_id, dtype=np.int64)
-    mask = np.zeros((len(seqs), longest), dtype=np.int64)
-    for i, s in enumerate(seqs):
-        if left:
-            ids[i, longest - len(s):] = s
-            mask[i, longest - len(s):] = 1
-        else:
-            ids[i, :len(s)] = s
-            mask[i, :len(s)] = 1
-    return ids, mask

@@ -14,7 +14,7 @@ import numpy as np
 
 from rmscore.core.config import ServeConfig
 from rmscore.model.repository import ModelRepo
-from rmscore.model.modeling import pad_batch
+from rmscore.model.padding import pad_batch
 
 # Self-check tolerances against the golden eager-fp32 scores.
 TOLERANCE = {"eager": 1e-5, "onnxruntime": 1e-5,
