@@ -3,7 +3,7 @@
 Bytes are POSTed as the body of `/rmscore/v1/score` and of `/get_reward` to the real app
 (`create_app` over the real core, behind the same body-size middleware `run` uses),
 in process through Starlette's TestClient, which re-raises any exception the app
-lets escape. The core is marked serving and its queue (`score_ids` and its admission, the batcher
+lets escape. The core is marked serving and its queue (`submit_ids` and its admission, the batcher
 and the model, not under test here) is replaced by a check of the validated sequences
 that answers zeros. Every answer must be 200 with one score per sequence, or the
 contract's error body. Seeds: corpus/py_http/.
@@ -29,11 +29,14 @@ def client():
 
     c = core()
 
-    async def score_ids(seqs, deadline_s):
+    def submit_ids(seqs, deadline_s):
         check_sequences(seqs, len(seqs))
-        return Result(scores=[0.0] * len(seqs), total_ms=0.0, inference_ms=0.0)
 
-    c.score_ids = score_ids
+        async def answer():
+            return Result(scores=[0.0] * len(seqs), total_ms=0.0, inference_ms=0.0)
+        return answer()
+
+    c.submit_ids = submit_ids  # what score_ids and score_in_parts queue through
     # The queue's admission goes with it: a queue that takes everything refuses only when not ready.
     c.check_admission = lambda deadline_s: c.check_ready()
     c.state = SERVING

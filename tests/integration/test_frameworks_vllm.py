@@ -94,11 +94,24 @@ def test_own_route_moved_and_old_path_kept_as_alias(http):
     assert ops["/v1/score"]["post"].get("deprecated") is True and not ops["/rmscore/v1/score"]["post"].get("deprecated")
 
 
-def test_malformed_vllm_requests_are_422(http):
+def test_malformed_vllm_requests_are_400_in_vllms_error_shape(http):
+    # vLLM's ErrorResponse: {"error": {"message", "type", "param", "code"}}, code the HTTP status (before:
+    # rmscore's 422 {"error": {"code": "INVALID_ARGUMENT", "message"}}, which vLLM clients do not read).
     r = http.post("/score", json={"text_1": ["a", "b"], "text_2": ["x", "y", "z"]})
-    assert r.status_code == 422 and "text_1" in r.json()["error"]["message"]
+    err = r.json()["error"]
+    assert r.status_code == 400 and set(err) == {"message", "type", "param", "code"}
+    assert err["code"] == 400 and err["type"] == "BadRequestError" and "text_1" in err["message"]
     r = http.post("/classify", json={"input": []})
-    assert r.status_code == 422 and "input" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "input" in r.json()["error"]["message"]
+    # A body the schema refuses: vLLM's validation handler, type "Bad Request" and the field as param.
+    r = http.post("/pooling", json={"input": "x", "truncate_prompt_tokens": -5})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["type"] == "Bad Request" and err["param"] == "truncate_prompt_tokens"
+    r = http.post("/tokenize", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == 400
+    # rmscore's own route keeps its contract.
+    r = http.post("/rmscore/v1/score", json={"sequences": []})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "INVALID_ARGUMENT"
 
 
 def test_models_and_health_as_vllm_example_clients_start(http):

@@ -23,7 +23,7 @@ from rmscore.core.validation import SeqInput
 from rmscore.frontends import json_body, openrlhf, reward_text, vllm_api
 from rmscore.core.scoring import SERVING, ScoringCore, write_port_file
 from rmscore.frontends.drain import Drain
-from rmscore.frontends.http_errors import error_response, refusal
+from rmscore.frontends.http_errors import VLLM_PATHS, error_response, refusal, vllm_error_response
 from rmscore.frontends.memory import start_trimming
 from rmscore.frontends.model_info import model_info
 
@@ -94,10 +94,13 @@ def create_app(core: ScoringCore) -> FastAPI:
         first = exc.errors()[0]
         if first["type"] == "json_invalid":
             reason = (first.get("ctx") or {}).get("error", first["msg"])
-            return error_response(Code.INVALID_ARGUMENT,
-                                  f"body: malformed JSON at character {first['loc'][-1]}: {reason}")
-        where = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
-        return error_response(Code.INVALID_ARGUMENT, f"{where}: {first['msg']}")
+            where, message = "body", f"body: malformed JSON at character {first['loc'][-1]}: {reason}"
+        else:
+            where = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
+            message = f"{where}: {first['msg']}"
+        if request.url.path in VLLM_PATHS:  # vLLM's validation handler: 400 "Bad Request", the field as param
+            return vllm_error_response(Code.INVALID_ARGUMENT, message, param=where, type_="Bad Request")
+        return error_response(Code.INVALID_ARGUMENT, message)
 
     @app.exception_handler(StarletteHTTPException)
     async def undecodable(request: Request, exc: StarletteHTTPException):
@@ -110,6 +113,9 @@ def create_app(core: ScoringCore) -> FastAPI:
         cause = exc.__cause__
         reason = ("not UTF-8 text" if isinstance(cause, UnicodeDecodeError) else
                   "nested too deeply" if isinstance(cause, RecursionError) else exc.detail)
+        if request.url.path in VLLM_PATHS:
+            return vllm_error_response(Code.INVALID_ARGUMENT, f"body: malformed JSON: {reason}", param="body",
+                                       type_="Bad Request")
         return error_response(Code.INVALID_ARGUMENT, f"body: malformed JSON: {reason}")
 
     @app.post(SCORE_PATH, response_model=ScoreOut)

@@ -16,7 +16,8 @@ ignored, as vLLM's OpenAIBaseModel does. What differs, on purpose:
   token as /healthz;
 - text too long for the model is cut (from the left, or `truncation_side`) instead of refused, so one
   long rollout never stops training; `truncate_prompt_tokens` cuts to that many tokens;
-- errors use rmscore's JSON error shape and statuses (422 for a malformed request).
+- errors have vLLM's shape, `{"error": {"message", "type", "param", "code"}}`, and a bad request is
+  400 as there (http_errors.py, VLLM_PATHS); overload and not-ready keep rmscore's 429 and 503.
 Text goes through reward_text.Encoder, so --strip-string and --chat-template apply here too.
 """
 
@@ -222,7 +223,7 @@ def register(app: FastAPI, core: ScoringCore, encoder: Encoder) -> None:
         try:
             out = await work()
         except ScoreError as e:
-            return refusal(core, e, t0)
+            return refusal(core, e, t0, vllm=True)
         core.metrics.request("OK", time.perf_counter() - t0)
         return out
 
