@@ -9,6 +9,8 @@ TRL (checked against 1.16.0, trl/trainer/grpo_trainer.py `_calculate_rewards`) c
 (read as NaN, skipped) per completion, and names the function by `__name__`. One for which
 `trl.trainer.utils.is_async_callable` is true (a coroutine function, or an object with an async
 `__call__`) is awaited on TRL's own event loop, concurrently with the other async reward functions.
+TRL's experimental trainers OnlineDPO, SDPO and A2PO call every reward function synchronously: use
+`rmscore_reward` there (an async one would hand them a coroutine; docs/frameworks/trl.md).
 Prompts and completions are strings, or for conversational datasets lists of message dicts
 (`[{"role": "assistant", "content": "..."}]`); the contents are joined.
 
