@@ -1,5 +1,6 @@
 #include "service.h"
 
+#include <cctype>
 #include <grpc/grpc_security.h>
 #include <grpc/support/time.h>
 #include <grpcpp/support/proto_buffer_reader.h>
@@ -86,14 +87,16 @@ void CheckToken(void* state, grpc_auth_context*, const grpc_metadata* md, size_t
                 grpc_process_auth_metadata_done_cb done, void* user_data) {
   const auto* check = static_cast<const TokenCheck*>(state);
   std::string_view path, authorization;
+  int authorizations = 0;
   for (size_t i = 0; i < num_md; ++i) {
     const std::string_view key = View(md[i].key);
     if (key == ":path") path = View(md[i].value);
-    if (key == "authorization") authorization = View(md[i].value);
+    if (key == "authorization") authorization = View(md[i].value), ++authorizations;
   }
-  // Health stays open: Kubernetes probes and load balancers send no token.
+  // Health stays open: Kubernetes probes and load balancers send no token. Two authorization headers
+  // are refused: which one counts would otherwise differ between servers (Python's bearer_matches).
   const bool exempt = path.rfind("/grpc.health.v1.Health/", 0) == 0;
-  if (exempt || BearerMatches(authorization, check->token)) {
+  if (exempt || (authorizations == 1 && BearerMatches(authorization, check->token))) {
     done(user_data, nullptr, 0, nullptr, 0, GRPC_STATUS_OK, nullptr);
     return;
   }
@@ -146,13 +149,14 @@ void FillTimings(const Result& r, v1::Timings* t) {
 }
 
 bool BearerMatches(std::string_view header_value, std::string_view token) {
-  constexpr std::string_view kScheme = "Bearer ";
+  constexpr std::string_view kScheme = "bearer ";  // the scheme in any case (RFC 7235); the token exactly
   // Always walk the whole expected value, whatever the header holds.
   const size_t want = kScheme.size() + token.size();
   unsigned char diff = header_value.size() == want ? 0 : 1;
   for (size_t i = 0; i < want; ++i) {
     const char expected = i < kScheme.size() ? kScheme[i] : token[i - kScheme.size()];
-    const char got = i < header_value.size() ? header_value[i] : 0;
+    char got = i < header_value.size() ? header_value[i] : 0;
+    if (i < kScheme.size()) got = static_cast<char>(std::tolower(static_cast<unsigned char>(got)));
     diff |= static_cast<unsigned char>(expected ^ got);
   }
   return diff == 0;

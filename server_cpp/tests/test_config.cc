@@ -211,6 +211,9 @@ TEST_F(AccessFiles, BadAccessFlagsQuoteThePath) {
 
 TEST(Bearer, OnlyTheExactValueMatches) {
   EXPECT_TRUE(BearerMatches("Bearer abc", "abc"));
+  EXPECT_TRUE(BearerMatches("bearer abc", "abc"));  // the scheme in any case (RFC 7235)
+  EXPECT_TRUE(BearerMatches("BEARER abc", "abc"));
+  EXPECT_FALSE(BearerMatches("Bearer ABC", "abc"));  // the token exactly
   EXPECT_FALSE(BearerMatches("", "abc"));
   EXPECT_FALSE(BearerMatches("Bearer ", "abc"));
   EXPECT_FALSE(BearerMatches("Bearer ab", "abc"));

@@ -45,13 +45,17 @@ class ScoreError(Exception):
 UNAUTHENTICATED_MESSAGE = "missing or invalid bearer token"
 
 
-def bearer_matches(header_value: str | bytes | None, token: str) -> bool:
-    """Whether an authorization value is `Bearer <token>`, compared in constant time."""
-    if header_value is None:
+def bearer_matches(header_values: list[str | bytes], token: str) -> bool:
+    """Whether a call's authorization values are exactly one `Bearer <token>`, the scheme in any case
+    (RFC 7235) and the token compared in constant time. Two values are refused: which one would count
+    differed between servers (the C++ one took the last, Python the first). server_cpp's BearerMatches."""
+    if len(header_values) != 1:
         return False
-    if isinstance(header_value, str):
-        header_value = header_value.encode("latin-1", "replace")
-    return hmac.compare_digest(header_value, b"Bearer " + token.encode("ascii"))
+    value = header_values[0]
+    if isinstance(value, str):
+        value = value.encode("latin-1", "replace")
+    scheme_ok = value[:7].lower() == b"bearer "
+    return hmac.compare_digest(value[7:], token.encode("ascii")) and scheme_ok
 
 
 def invalid(message: str) -> ScoreError:

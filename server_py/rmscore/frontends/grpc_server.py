@@ -173,7 +173,7 @@ class TokenCheck(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or details.method.startswith(f"/{health.SERVICE_NAME}/"):
             return handler
-        given = next((v for k, v in details.invocation_metadata or () if k == "authorization"), None)
+        given = [v for k, v in details.invocation_metadata or () if k == "authorization"]
         if bearer_matches(given, self.token):
             return handler
         self.core.metrics.request(Code.UNAUTHENTICATED.name, 0.0)

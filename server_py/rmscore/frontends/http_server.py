@@ -379,7 +379,7 @@ class _TokenCheck:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"] not in self.OPEN:
-            given = next((v for k, v in scope.get("headers") or () if k == b"authorization"), None)
+            given = [v for k, v in scope.get("headers") or () if k == b"authorization"]
             if not bearer_matches(given, self.token):
                 self.core.metrics.request(Code.UNAUTHENTICATED.name, 0.0)
                 resp = error_response(Code.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
