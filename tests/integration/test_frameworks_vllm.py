@@ -109,6 +109,9 @@ def test_malformed_vllm_requests_are_400_in_vllms_error_shape(http):
     assert r.status_code == 400 and err["type"] == "Bad Request" and err["param"] == "truncate_prompt_tokens"
     r = http.post("/tokenize", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["code"] == 400
+    # A content part whose text is not a string (before: a bare 500).
+    r = http.post("/classify", json={"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]})
+    assert r.status_code == 400 and "messages[0].content[0].text" in r.json()["error"]["message"]
     # rmscore's own route keeps its contract.
     r = http.post("/rmscore/v1/score", json={"sequences": []})
     assert r.status_code == 422 and r.json()["error"]["code"] == "INVALID_ARGUMENT"

@@ -118,8 +118,12 @@ def _messages_pair(messages: list[dict[str, Any]]) -> tuple[str, str]:
     texts = []
     for i, m in enumerate(messages):
         c = m.get("content")
-        if isinstance(c, list):
-            c = "".join(p.get("text", "") for p in c if isinstance(p, dict))
+        if isinstance(c, list):  # content parts: their "text" fields, each a string (else 400, not a 500)
+            parts = [p.get("text", "") for p in c if isinstance(p, dict)]
+            bad = next((j for j, t in enumerate(parts) if not isinstance(t, str)), None)
+            if bad is not None:
+                raise invalid(f"messages[{i}].content[{bad}].text: expected text")
+            c = "".join(parts)
         if not isinstance(c, str):
             raise invalid(f"messages[{i}].content: expected text")
         texts.append(c)
