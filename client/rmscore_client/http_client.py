@@ -106,6 +106,22 @@ class AsyncHttpRewardClient(_AsyncClientBase):
         return (j["scores"], j.get("model_version", ""),
                 (t.get("total_ms", 0.0), t.get("inference_ms", 0.0), t.get("queue_ms", 0.0)))
 
+    async def get_reward(self, queries: list[str], prompts: list[str] | None = None, labels: list | None = None) \
+            -> list[float]:
+        """OpenRLHF's `POST /get_reward` (docs/frameworks/openrlhf.md): one reward per query, the server
+        splitting each query into prompt and response. Under the retry and deadline policy."""
+        body: dict = {"query": list(queries)}
+        if prompts is not None:
+            body["prompts"] = list(prompts)
+        if labels is not None:
+            body["labels"] = list(labels)
+
+        async def once(left):
+            return await self._request("POST", "/get_reward", left, json=body)
+
+        r, _ = await with_retry(once, self.timeout_s, self.retry)
+        return [float(x) for x in r.json()["rewards"]]
+
     async def _get(self, path: str):
         """GET `path` under the retry and deadline policy."""
         async def once(left):

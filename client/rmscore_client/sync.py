@@ -196,5 +196,10 @@ class HttpRewardClient(_SyncClient):
     def __init__(self, base_url: str, **kw):
         super().__init__(base_url, **kw)
 
+    def get_reward(self, queries: list[str], prompts: list[str] | None = None, labels: list | None = None) \
+            -> list[float]:
+        """See `AsyncHttpRewardClient.get_reward`."""
+        return self._run(self._aio.get_reward(queries, prompts, labels))
+
 
 __all__ = ["RewardClient", "HttpRewardClient"]

@@ -104,6 +104,40 @@ def test_whole_batch_of_full_length_queries_beyond_the_work_bound_is_served(tmp_
     assert_scores(answer["rewards"], [want[i % 8] for i in range(n)])
 
 
+def test_reward_func_file_loaded_and_called_as_openrlhf_does(tmp_path, monkeypatch):
+    """The `.py` form of --reward.remote_url (v0.11.0, agent.py SingleTurnAgentExecutor): the file is
+    loaded by path under the module name "reward_func" and called per sample from a worker thread with
+    one-element lists; it reads a dict of tensors. Here against a server that requires a token, which
+    OpenRLHF's own HTTP client cannot send."""
+    import importlib.util
+
+    import torch
+
+    from rmscore_client.adapters import openrlhf_reward_func
+
+    token = tmp_path / "token"
+    token.write_text("s3cret-token-for-openrlhf\n")
+    path = tmp_path / "rm_template.jinja"
+    path.write_text(TEMPLATE)
+    s = servers.start("py-http-onnxruntime", strip_string=EOS, chat_template=str(path), auth_token_file=str(token))
+    try:
+        monkeypatch.setenv("RMSCORE_URL", s.base_url)
+        monkeypatch.setenv("RMSCORE_AUTH_TOKEN_FILE", str(token))
+        spec = importlib.util.spec_from_file_location("reward_func", openrlhf_reward_func.__file__)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+
+        async def rollout():
+            return await asyncio.gather(*(asyncio.to_thread(module.reward_func, [f"<pad>q{i}a{EOS}"], [f"q{i}"],
+                                                            [None]) for i in range(4)))
+        got = asyncio.run(rollout())
+    finally:
+        s.stop(10)
+    assert all(isinstance(r["rewards"], torch.Tensor) and r["rewards"].shape == (1,) for r in got)
+    assert all(r["extra_logs"] == {} and torch.equal(r["scores"], r["rewards"]) for r in got)
+    assert_scores([float(r["rewards"][0]) for r in got], ort_scores([want_ids(f"q{i}", "a") for i in range(4)]))
+
+
 def metric(server, name: str, labels: str = "") -> float:
     m = re.search(rf"^{name}\{{[^}}]*{labels}[^}}]*\}} ([0-9.e+]+)$", server.metrics_text(), re.M)
     return float(m.group(1)) if m else 0.0
