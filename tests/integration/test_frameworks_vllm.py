@@ -142,3 +142,21 @@ def test_tokenize_as_the_classify_example_calls_it(http):
     assert r.json()["tokens"] == local_tokenizer().encode(text, add_special_tokens=False).ids
     assert r.json()["token_strs"] is None
 
+
+def test_truncate_prompt_tokens_as_vllm(http):
+    # Without truncation_side it cuts on the tokenizer's side (right here, Hugging Face's default; before:
+    # the left), and a value above the model's maximum is refused as vLLM refuses it (before: accepted).
+    ids = list(range(2000, 2040))
+    kept = {}
+    for side in (None, "right", "left"):
+        body = {"input": ids, "truncate_prompt_tokens": 8, "use_activation": False}
+        if side:
+            body["truncation_side"] = side
+        r = http.post("/classify", json=body)
+        assert r.status_code == 200, r.text
+        kept[side] = r.json()["data"][0]["probs"][0]
+    right, left = ort_scores([ids[:8], ids[-8:]])
+    assert_scores([kept[None], kept["right"], kept["left"]], [right, right, left])
+    r = http.post("/classify", json={"input": "x", "truncate_prompt_tokens": 513})
+    assert r.status_code == 400 and "max_model_len (512)" in r.json()["error"]["message"]
+

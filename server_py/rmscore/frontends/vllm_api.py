@@ -14,8 +14,10 @@ ignored, as vLLM's OpenAIBaseModel does. What differs, on purpose:
 - `GET /v1/models` lists the one model as vLLM's ModelList does, `POST /tokenize` answers as vLLM's,
   and `GET /health` answers 200 with an empty body while serving (503 otherwise), a probe without a
   token as /healthz;
-- text too long for the model is cut (from the left, or `truncation_side`) instead of refused, so one
-  long rollout never stops training; `truncate_prompt_tokens` cuts to that many tokens;
+- text too long for the model is cut (from the left) instead of refused, so one long rollout never
+  stops training; `truncate_prompt_tokens` cuts to that many tokens on `truncation_side`, else on the
+  tokenizer's side (its tokenizer_config.json; right by default), as vLLM does, and a value above the
+  model's maximum is refused (400), as vLLM does;
 - errors have vLLM's shape, `{"error": {"message", "type", "param", "code"}}`, and a bad request is
   400 as there (http_errors.py, VLLM_PATHS); overload and not-ready keep rmscore's 429 and 503.
 Text goes through reward_text.Encoder, so --strip-string and --chat-template apply here too.
@@ -137,12 +139,24 @@ class VllmRoutes:
             if (core.repo.path / "hf" / "config.json").is_file() else {}
         self.label = (cfg.get("id2label") or {}).get("0", "LABEL_0")
         self.identity = _identity_activation(cfg)
+        tok_cfg_path = core.repo.path / "hf" / "tokenizer_config.json"
+        tok_cfg = json.loads(tok_cfg_path.read_text()) if tok_cfg_path.is_file() else {}
+        # truncate_prompt_tokens without truncation_side cuts on the tokenizer's side, as vLLM does
+        # (Hugging Face's default: right).
+        self.truncation_side = tok_cfg.get("truncation_side") or "right"
+
+    def check_truncation(self, body: _VllmRequest) -> None:
+        """vLLM refuses a truncate_prompt_tokens above the model's maximum (400)."""
+        k, most = body.truncate_prompt_tokens, self.core.repo.max_sequence_length
+        if k is not None and k > most:
+            raise invalid(f"truncate_prompt_tokens: {k} is greater than the model's max_model_len ({most}); "
+                          "send a smaller value, or -1 for the maximum")
 
     def _cut(self, ids: list[int], body: _VllmRequest) -> list[int]:
         k = body.truncate_prompt_tokens
         if k is None or k == -1 or len(ids) <= k:
             return ids
-        return ids[:k] if body.truncation_side == "right" else ids[-k:]
+        return ids[:k] if (body.truncation_side or self.truncation_side) == "right" else ids[-k:]
 
     def inputs(self, body: ClassifyIn) -> list[tuple[str, str] | str | list[int]]:
         if body.messages is not None:
@@ -164,6 +178,7 @@ class VllmRoutes:
                     check_unicode(s, f"input[{i}]")
             if not it or it == ("", ""):
                 raise invalid(f"input[{i}]: empty input")
+        self.check_truncation(body)
         self.core.check_admission(None)  # before tokenizing: a refusal costs nothing
         ids = await asyncio.to_thread(lambda: [list(it) if isinstance(it, list) else
                                                self.encoder.encode_one(it, add_special_tokens) for it in items])
