@@ -184,6 +184,21 @@ def test_the_scheme_is_case_insensitive(server, creds):
             assert r.status_code == 200, r.text
 
 
+def test_an_unknown_method_is_refused_like_a_known_one(server, creds):
+    """Without the token every method is UNAUTHENTICATED, known or not (py-grpc answered an unknown
+    method UNIMPLEMENTED before checking the token); with it, an unknown method is UNIMPLEMENTED."""
+    if server.transport != "grpc":
+        pytest.skip("gRPC methods")
+    with secure_channel(server, creds.cert) as ch:
+        unknown = ch.unary_unary("/rmscore.v1.RewardModel/NoSuchMethod")
+        with pytest.raises(grpc.RpcError) as e:
+            unknown(b"", timeout=30)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED, e.value
+        with pytest.raises(grpc.RpcError) as e:
+            unknown(b"", metadata=[("authorization", "Bearer " + creds.token)], timeout=30)
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED, e.value
+
+
 def test_health_needs_no_token(server, creds):
     if server.transport == "grpc":
         with secure_channel(server, creds.cert) as ch:

@@ -170,29 +170,25 @@ class TokenCheck(grpc.aio.ServerInterceptor):
         self.token, self.core = token, core
 
     async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
-        handler = await continuation(details)
-        if handler is None or details.method.startswith(f"/{health.SERVICE_NAME}/"):
-            return handler
+        if details.method.startswith(f"/{health.SERVICE_NAME}/"):
+            return await continuation(details)
         given = [v for k, v in details.invocation_metadata or () if k == "authorization"]
         if bearer_matches(given, self.token):
-            return handler
+            return await continuation(details)  # an unknown method is UNIMPLEMENTED only for a caller with the token
         self.core.metrics.request(Code.UNAUTHENTICATED.name, 0.0)
-        return _refusal(handler)
+        return _REFUSAL
 
 
-def _refusal(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """A handler of the same shape that refuses the call before reading anything."""
-    async def refuse(_request, context):
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+async def _refuse(_requests, context) -> None:
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
 
-    kw = dict(request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(refuse, **kw)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(refuse, **kw)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(refuse, **kw)
-    return grpc.unary_unary_rpc_method_handler(refuse, **kw)
+
+# Every refused call, unary or streaming, known method or not, takes a streaming handler without a
+# deserializer that never reads its request iterator, so nothing of the body is parsed: with the
+# method's own unary handler gRPC deserialized the message before the refusal ran. An unknown method
+# answered UNIMPLEMENTED before the token was checked. The C++ server checks the token in gRPC core,
+# before any service (service.cc, CheckToken).
+_REFUSAL = grpc.stream_stream_rpc_method_handler(_refuse)
 
 
 #: A client may PING at most this often with no call open; the third ping sooner than that gets a GOAWAY
