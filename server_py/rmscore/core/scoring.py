@@ -7,10 +7,7 @@ maps `ScoreError` once (errors.Code carries both the gRPC and the HTTP status).
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import pathlib
-import sys
 import threading
 import time
 from typing import Awaitable
@@ -311,16 +308,11 @@ class ScoringCore:
         if self.batcher:
             self.batcher.stop(join_timeout_s)
 
-    def exit(self, code: int) -> int:
-        """Return `code`, or leave at once when a batch is still in the model: a torch batch cannot
-        be interrupted and must not hold the exit past the grace, and ONNX Runtime aborts the
-        process ("terminate called") when the interpreter tears down under its running thread."""
+    def still_running(self) -> bool:
+        """A load, warm-up or batch is still running on a thread of its own (the process runner,
+        frontends/process.py, then leaves without tearing the interpreter down under it)."""
         loading = self._loader is not None and self._loader.is_alive()  # SIGTERM came mid-load/warm-up
-        if loading or (self.batcher and self.batcher.running()):
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-        return code
+        return bool(loading or (self.batcher and self.batcher.running()))
 
 
 def _resolve(fut: asyncio.Future, outcome) -> None:
@@ -330,12 +322,3 @@ def _resolve(fut: asyncio.Future, outcome) -> None:
         fut.set_exception(outcome)
     else:
         fut.set_result(outcome)
-
-
-def write_port_file(path: pathlib.Path | None, port: int, metrics_port: int) -> None:
-    print(f"rmscore listening port={port} metrics_port={metrics_port}", flush=True)
-    if path is None:
-        return
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"port": port, "metrics_port": metrics_port}))
-    tmp.rename(path)

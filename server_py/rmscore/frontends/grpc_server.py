@@ -15,7 +15,8 @@ from rmscore.core.config import ServeConfig
 from rmscore.core.errors import UNAUTHENTICATED_MESSAGE, Code, ScoreError, bearer_matches
 from rmscore_client.v1 import reward_pb2, reward_pb2_grpc
 from rmscore.core.validation import SeqInput
-from rmscore.core.scoring import SERVING, ScoringCore, write_port_file
+from rmscore.core.scoring import SERVING, ScoringCore
+from rmscore.frontends.process import exit_code, write_port_file
 from rmscore.frontends.drain import Drain
 from rmscore.frontends import reflection_v1
 from rmscore.frontends.memory import start_trimming
@@ -277,7 +278,7 @@ async def serve(cfg: ServeConfig) -> int:
     await server.stop(grace=await asyncio.to_thread(drain.finish))
     metrics_server.shutdown()
     drain.report()
-    return core.exit(0)
+    return exit_code(core, 0)
 
 
 def run(cfg: ServeConfig) -> int:

@@ -21,7 +21,8 @@ from rmscore.core.config import ServeConfig
 from rmscore.core.errors import UNAUTHENTICATED_MESSAGE, Code, ScoreError, bearer_matches
 from rmscore.core.validation import SeqInput
 from rmscore.frontends import json_body, openrlhf, reward_text, vllm_api
-from rmscore.core.scoring import SERVING, ScoringCore, write_port_file
+from rmscore.core.scoring import SERVING, ScoringCore
+from rmscore.frontends.process import exit_code, write_port_file
 from rmscore.frontends.drain import Drain
 from rmscore.frontends.http_errors import VLLM_PATHS, error_response, refusal, vllm_error_response
 from rmscore.frontends.memory import start_trimming
@@ -445,4 +446,4 @@ def run(cfg: ServeConfig) -> int:
     start_trimming()  # freed request buffers go back to the system (frontends/memory.py)
     server.run(sockets=[sock])
     core.stop(join_timeout_s=0.0)  # a batch still in the model must not hold the exit past the grace
-    return core.exit(1 if failed else 0)
+    return exit_code(core, 1 if failed else 0)
