@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import json
+import math
 import os
 import pathlib
 import signal
@@ -185,10 +186,11 @@ def kill_restart(server, *, sequences: int = 256, chunk_size: int = 8, max_concu
     t0 = time.perf_counter()
     rollout = _RetriedRollout(server, seqs, chunk_size, max_concurrency, kill_at_fraction * fig["chunks"],
                               restart_timeout_s + 120)
-    # The rollout's grpc.aio client runs on this thread and the kill/restart (sync gRPC only) on a
-    # helper. The other way round, the one grpc.aio loop on a helper thread in the test process, the
-    # process once died of a segfault in CI during this test; grpc.aio is built around one loop on
-    # the thread that drives it, so no helper thread here runs one.
+    # The rollout's grpc.aio client runs on this thread, the kill and restart on a helper that uses no
+    # gRPC at all: with grpc.aio on one thread and sync gRPC on another (the health polls of a restart
+    # that waits until ready), the process died of a segfault in native code in CI, twice, in either
+    # arrangement. So the helper starts the server without waiting for health, the client's retries
+    # find it serving, and only once the rollout's loop is gone does this thread check health.
     restarted: dict = {}
     killer = threading.Thread(target=_kill_then_restart, args=(server, rollout, fig, restart_timeout_s, restarted),
                               daemon=True)
@@ -199,6 +201,9 @@ def kill_restart(server, *, sequences: int = 256, chunk_size: int = 8, max_concu
         raise restarted["error"]
     new = restarted["server"]
     fig["rollout_s"] = time.perf_counter() - t0
+    new.wait_until_ready(time.monotonic() + restart_timeout_s)
+    # Kill to the first chunk answered after it: how long the client saw no service.
+    fig["restart_s"] = (rollout.first_answer_after(fig["t_kill"]) or math.nan) - fig.pop("t_kill")
     fig["same_port"] = new.port == server.port
     fig.update(_rollout_figures(rollout, want, fig["chunks"], tolerance))
     return fig, new
@@ -214,9 +219,8 @@ def _kill_then_restart(server, rollout: "_RetriedRollout", fig: dict, restart_ti
         fig["in_flight_at_kill"] = metric_safe(server, "rmscore_requests_in_flight")
         server.proc.send_signal(signal.SIGKILL)  # the PID this session started, nothing else
         fig["killed_exit_code"] = server.proc.wait(30)
-        t_kill = time.perf_counter()
+        fig["t_kill"] = time.perf_counter()
         out["server"] = _restart(server, restart_timeout_s)
-        fig["restart_s"] = time.perf_counter() - t_kill
     except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
         out["error"] = e
         rollout.abort.set()
@@ -230,6 +234,7 @@ class _RetriedRollout:
         from rmscore_client import AsyncHttpRewardClient, AsyncRewardClient, RetryPolicy
 
         self.answered: dict[int, int] = {}
+        self.answer_times: list[float] = []
         self.attempts: list[int] = []
         self.result: dict = {}
         self.kill_now, self.finished, self.abort = threading.Event(), threading.Event(), threading.Event()
@@ -241,7 +246,12 @@ class _RetriedRollout:
                                 timeout_s=timeout_s, retry=retry)
         self.seqs = seqs
 
+    def first_answer_after(self, t: float) -> float | None:
+        """perf_counter time of the first chunk answered after `t` (None: none was)."""
+        return min((a for a in self.answer_times if a > t), default=None)
+
     def _on_chunk(self, t) -> None:
+        self.answer_times.append(time.perf_counter())
         self.answered[t.offset] = self.answered.get(t.offset, 0) + 1
         self.attempts.append(t.attempts)
         if len(self.answered) >= self.kill_after:
@@ -270,10 +280,11 @@ class _RetriedRollout:
 
 
 def _restart(server, ready_timeout_s: float):
-    """`server`'s kind and flags again on its port."""
+    """`server`'s kind and flags again on its port, once bound (not yet checked for health)."""
     for _ in range(20):  # a port held a moment longer by the kernel: try again rather than give up
         try:
-            return start(server.kind, port=server.port, ready_timeout_s=ready_timeout_s, **dict(server.flags))
+            return start(server.kind, port=server.port, ready_timeout_s=ready_timeout_s, wait_ready=False,
+                         **dict(server.flags))
         except RuntimeError as e:
             if "did not bind" not in str(e):
                 raise
