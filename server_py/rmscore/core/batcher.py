@@ -29,6 +29,7 @@ import numpy as np
 from rmscore.core.admission import QueueWork
 from rmscore.core.cost import CostModel
 from rmscore.core.errors import Code, ScoreError
+from rmscore.core.liveness import StallClock
 from rmscore.core.metrics import Metrics
 from rmscore.core.planner import ArrivalRate, PlannerConfig, QueueIndex, Waiting, plan_live
 from rmscore.model.padding import pad_batch
@@ -94,6 +95,7 @@ class _Batch:
     attention_mask: np.ndarray
     padding_ratio: float
     real_tokens: int
+    started_us: int = 0  # when it was counted running (_now_us)
 
 
 def _now_us() -> int:
@@ -112,6 +114,9 @@ class Batcher:
         # the caller's deadline; the rate starts at the seed (model us per real token, 0: unknown).
         max_queue_wait_us: int = 0
         seed_us_per_token: float = 0.0
+        # Told when work waits and when batches start and end (core/liveness.py): liveness reads it
+        # without _mu, so it answers while a batcher thread is stuck. None: not tracked.
+        progress: StallClock | None = None
 
     def __init__(self, opts: Options, model: BatchModel | list[BatchModel], metrics: Metrics,
                  abort: Callable[[], None] | None = None, lone: BatchModel | None = None):
@@ -169,6 +174,7 @@ class Batcher:
                 self._next_seq_id += 1
             self._in_flight += 1
             self._queue_changed_locked()
+            self._progress_locked(arrival)
             self._metrics.in_flight(+1)
             self._work_cv.notify()
 
@@ -250,6 +256,11 @@ class Batcher:
                         # goes to its own worker's session and shares the cores until this one ends.
                         run_on = self._lone
                     self._running += 1
+                    # Here, not when the batch left the queue: taking it and counting it running are one
+                    # step under _mu, so the clock never sees the work gone between the two.
+                    batch.started_us = _now_us()
+                    if self._opts.progress is not None:
+                        self._opts.progress.batch_started(batch.started_us, len(self._queue))
             self._answer(answers)
             if batch is not None:
                 self._run(batch, run_on, lone=run_on is not model)
@@ -324,6 +335,9 @@ class Batcher:
             if error is None:
                 self._work.observe(ms * 1e3, b.real_tokens)
             self._queue_changed_locked()
+            if self._opts.progress is not None:
+                # A failed run counts too: its requests are answered, the batcher is not stuck.
+                self._opts.progress.batch_ended(b.started_us, _now_us(), len(self._queue))
             self._scored_locked(b, scores, ms, answers)
             if error is not None:
                 # Each job of the batch fails once; its sequences still queued never reach the model.
@@ -364,6 +378,7 @@ class Batcher:
         answers.append(job)
         dropped = sum(self._pop_locked(job.first_seq_id + i) is not None for i in range(len(job.seqs)))
         self._queue_changed_locked()
+        self._progress_locked(_now_us())
         if drop_reason and dropped:
             self._metrics.sequences_dropped(drop_reason, dropped)
 
@@ -379,6 +394,12 @@ class Batcher:
         """Precondition: _mu held. The queue's gauges follow it."""
         self._metrics.set_queue_depth(len(self._queue))
         self._metrics.set_queue_expected_wait(self._work.wait_us() / 1e6)
+
+    def _progress_locked(self, now_us: int) -> None:
+        """Precondition: _mu held. The stall clock follows the queue (where batches are taken, the
+        loop tells it instead, with the batch: see _loop)."""
+        if self._opts.progress is not None:
+            self._opts.progress.queue_changed(now_us, len(self._queue))
 
     def _answer(self, answers: list[Job]) -> None:
         """Without _mu: runs each finished job's callback, then counts it answered (so drain returns

@@ -183,6 +183,11 @@ class ServeConfig:
     #: HTTP: bytes of request bodies being received, summed over all connections; a body that would
     #: pass it is refused 413 RESOURCE_EXHAUSTED. At least --max-request-bytes.
     max_buffered_request_bytes: int = 128 * 1024 * 1024
+    #: Liveness (core/liveness.py): the gRPC health service "liveness" says NOT_SERVING and HTTP /livez
+    #: answers 503 once work has waited this long with no batch completing. Default: five times the
+    #: 60 s admission bound, and 50x the longest batch the default limits allow on this machine (16 x 512
+    #: tokens, 5.4 s on one core): only a hang gets there. 0: never fails.
+    liveness_stall_seconds: float = 300.0
 
     def __post_init__(self) -> None:
         def check(ok: bool, flag: str, rule: str, value) -> None:
@@ -211,6 +216,8 @@ class ServeConfig:
         check(0 <= self.max_queue_wait_seconds <= MAX_CHANNEL_SECONDS, "max-queue-wait-seconds",
               f"must be >= 0 and <= {MAX_CHANNEL_SECONDS}", self.max_queue_wait_seconds)
         check(self.drain_grace_seconds > 0, "drain-grace-seconds", "must be > 0", self.drain_grace_seconds)
+        check(0 <= self.liveness_stall_seconds <= MAX_CHANNEL_SECONDS, "liveness-stall-seconds",
+              f"must be >= 0 and <= {MAX_CHANNEL_SECONDS}", self.liveness_stall_seconds)
         check(self.model_workers <= self.intra_op_threads, "model-workers",
               f"each worker needs an intra-op thread: must be <= --intra-op-threads ({self.intra_op_threads})",
               self.model_workers)
@@ -300,7 +307,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  "max_buffered_request_bytes"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=d[name].default, help="(default: %(default)s)")
     for name in ("max_queue_delay_ms", "max_queue_wait_seconds", "drain_grace_seconds", "max_connection_age_seconds",
-                 "max_connection_age_grace_seconds", "cost_profile_seconds", "body_timeout_seconds"):
+                 "max_connection_age_grace_seconds", "cost_profile_seconds", "body_timeout_seconds",
+                 "liveness_stall_seconds"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=d[name].default, help="(default: %(default)s)")
     for name in ("batching", "graph_optimization_level", "precision", "device"):
         p.add_argument("--" + name.replace("_", "-"), default=d[name].default, help="(default: %(default)s)")
@@ -353,7 +361,8 @@ def from_args(a: argparse.Namespace) -> ServeConfig:
         model_workers=parse_workers(a.model_workers),
         strip_strings=tuple(getattr(a, "strip_strings", ())), chat_template=getattr(a, "chat_template", None),
         max_concurrent_streams=a.max_concurrent_streams, max_stream_items_in_flight=a.max_stream_items_in_flight,
-        body_timeout_seconds=a.body_timeout_seconds, max_buffered_request_bytes=a.max_buffered_request_bytes)
+        body_timeout_seconds=a.body_timeout_seconds, max_buffered_request_bytes=a.max_buffered_request_bytes,
+        liveness_stall_seconds=a.liveness_stall_seconds)
 
 
 def _profile_dir(value: str | None) -> pathlib.Path | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, disable_created_metrics
 
@@ -67,6 +68,11 @@ class Metrics:
 
     def set_queue_expected_wait(self, seconds: float) -> None:
         self._child("rmscore_queue_expected_wait_seconds").set(seconds)
+
+    def set_stalled_source(self, seconds: Callable[[], float]) -> None:
+        """rmscore_batcher_stalled_seconds is `seconds()`, called at each scrape (core/liveness.py):
+        a value set by the batcher would stop changing exactly when the batcher hangs."""
+        self._child("rmscore_batcher_stalled_seconds").set_function(seconds)
 
     def set_queue_capacity(self, n: int) -> None:
         self._child("rmscore_queue_capacity_sequences").set(n)

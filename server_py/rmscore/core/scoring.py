@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
+import sys
 import threading
 import time
 from typing import Awaitable
@@ -21,6 +22,8 @@ from rmscore.core.config import AUTO_WORKERS, ConfigError, ServeConfig
 from rmscore.core.cost import CostModel, CostTable
 from rmscore.core.planner import COST_AWARE
 from rmscore.core.errors import Code, ScoreError
+from rmscore.core.liveness import HangFault, HangHook, Liveness, LivenessWatch, StallClock, longest_batch, \
+    now_us, threshold_note
 from rmscore.core.metrics import Metrics
 from rmscore.model.repository import ModelRepo, load_repo
 from rmscore.runtimes.workers import Workers, start_workers
@@ -41,6 +44,14 @@ class ScoringCore:
         self.metrics = Metrics(cfg.server_kind, cfg.backend, device=cfg.device)
         self.metrics.set_queue_capacity(cfg.max_queue_sequences)
         self.metrics.build_info(self.repo.name, self.repo.version)
+        # Liveness (core/liveness.py): the batcher tells the clock; the gauge, /livez and the gRPC
+        # "liveness" status read it without the batcher's lock. Created before any loading, so the
+        # gauge reads 0 while warming up (no batcher yet: nothing can be stuck in one).
+        self.stall = StallClock()
+        self.liveness = Liveness(self.stall, cfg.liveness_stall_seconds)
+        self.metrics.set_stalled_source(lambda: self.stall.stalled_us(now_us()) / 1e6)
+        self._liveness_watch: LivenessWatch | None = None
+        self.hang = HangHook(HangFault.from_env())  # a bad RMSCORE_FAULT_HANG_BATCH refuses the start
         from tokenizers import Tokenizer
 
         tok = Tokenizer.from_file(str(self.repo.tokenizer_path))
@@ -79,9 +90,14 @@ class ScoringCore:
             self.cost_identity["model_workers"] = workers  # auto takes the profile's: no second measurement
 
     # ---- start-up -------------------------------------------------------------------------
-    def start_loading(self, on_state) -> None:
-        """Load, warm up and self-check in a thread; `on_state(state)` hears each change."""
+    def start_loading(self, on_state, on_liveness=None) -> None:
+        """Load, warm up and self-check in a thread; `on_state(state)` hears each change, and
+        `on_liveness(alive)` (optional, from the liveness watch's thread) each change of the liveness
+        verdict, which starts alive. The watch runs until `stop`, whatever the state: it logs a stall
+        even where no probe asks."""
         self._on_state.append(on_state)
+        self._liveness_watch = LivenessWatch(self.liveness, on_liveness)
+        self._liveness_watch.start()
         self._loader = threading.Thread(target=self._load, name="rmscore-load", daemon=True)
         self._loader.start()
 
@@ -101,6 +117,10 @@ class ScoringCore:
                 for backend in self.workers.sessions():
                     backend.warmup(self.cfg.max_batch_size, self.repo.max_sequence_length)
             cost = self._cost_model()
+            longest = None if cost is None else longest_batch(cost.table, self.cfg.max_batch_size,
+                                                              self.cfg.max_batch_tokens, self.repo.max_sequence_length)
+            note, warning = threshold_note(self.cfg.liveness_stall_seconds, longest)
+            print(note, file=sys.stderr if warning else sys.stdout, flush=True)
             seed = self._work_seed()
             diff = runtimes.self_check(self.backend, self.repo, self.cfg.precision)
             runtimes.progress(f"self-check passed: max abs diff {diff:.2e} against the golden scores")
@@ -116,7 +136,8 @@ class ScoringCore:
             # No abort hook: neither backend can interrupt a run (stop() says what that means).
             self.batcher = Batcher(Batcher.Options(self.cfg.planner, self.cfg.max_queue_sequences,
                                                    self.repo.pad_token_id, cost,
-                                                   int(self.cfg.max_queue_wait_seconds * 1e6), seed),
+                                                   int(self.cfg.max_queue_wait_seconds * 1e6), seed,
+                                                   progress=self.stall),
                                    [self._scorer(b) for b in self.workers.runs], self.metrics,
                                    lone=None if self.workers.lone is None else self._scorer(self.workers.lone))
             self._set_state(SERVING)
@@ -177,6 +198,7 @@ class ScoringCore:
     def _scorer(self, backend):
         """The batcher's model for one worker: scores, and counts graphs compiled after warm-up."""
         def score(input_ids, attention_mask):
+            self.hang.before_batch()  # RMSCORE_FAULT_HANG_BATCH (tests only): a stuck device
             scores = backend.score(input_ids, attention_mask)
             with self._recompiles_lock:
                 grown = self.backend.recompiles() - self._baseline_recompiles
@@ -304,9 +326,12 @@ class ScoringCore:
         return self.batcher.drain(until) if self.batcher else True
 
     def stop(self, join_timeout_s: float = 30.0) -> None:
-        """Fail what is still queued (UNAVAILABLE), so every call ends, and stop the batcher."""
+        """Fail what is still queued (UNAVAILABLE), so every call ends, and stop the batcher; the
+        liveness watch ends with it."""
         if self.batcher:
             self.batcher.stop(join_timeout_s)
+        if self._liveness_watch is not None:
+            self._liveness_watch.stop()
 
     def still_running(self) -> bool:
         """A load, warm-up or batch is still running on a thread of its own (the process runner,

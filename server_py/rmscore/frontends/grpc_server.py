@@ -13,6 +13,7 @@ from prometheus_client import start_http_server
 
 from rmscore.core.config import ServeConfig
 from rmscore.core.errors import UNAUTHENTICATED_MESSAGE, Code, ScoreError, bearer_matches
+from rmscore.core.liveness import LIVENESS_SERVICE
 from rmscore_client.v1 import reward_pb2, reward_pb2_grpc
 from rmscore.core.validation import SeqInput
 from rmscore.core.scoring import SERVING, ScoringCore
@@ -247,8 +248,19 @@ async def serve(cfg: ServeConfig) -> int:
             failed.set()
 
     await set_health("warming_up")
+    # "liveness" (docs/contract.md): SERVING while the process runs and its batcher makes progress,
+    # warming up and draining included; NOT_SERVING while the batcher is stalled past
+    # --liveness-stall-seconds. The liveness watch's thread reports each change; Check and Watch
+    # answer from the status set here, on this loop, which a stuck batcher thread does not block.
+    await health_servicer.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+
+    def on_liveness(alive: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if alive else health_pb2.HealthCheckResponse.NOT_SERVING
+        # Raises RuntimeError once the loop is closed (the process is ending): the watch logs it.
+        asyncio.run_coroutine_threadsafe(health_servicer.set(LIVENESS_SERVICE, status), loop)
+
     write_port_file(cfg.port_file, port, metrics_server.server_port)
-    core.start_loading(lambda s: asyncio.run_coroutine_threadsafe(set_health(s), loop))
+    core.start_loading(lambda s: asyncio.run_coroutine_threadsafe(set_health(s), loop), on_liveness)
 
     stop = asyncio.Event()
     drain = Drain(core)
@@ -269,6 +281,7 @@ async def serve(cfg: ServeConfig) -> int:
     done, _ = await asyncio.wait([asyncio.create_task(stop.wait()), asyncio.create_task(failed.wait())],
                                  return_when=asyncio.FIRST_COMPLETED)
     if failed.is_set() and not stop.is_set():
+        core.stop(0.0)  # no batcher: ends the liveness watch, whose reports need this loop
         await server.stop(0)
         metrics_server.shutdown()
         return 1

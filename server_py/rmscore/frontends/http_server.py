@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rmscore.core.config import ServeConfig
 from rmscore.core.errors import UNAUTHENTICATED_MESSAGE, Code, ScoreError, bearer_matches
+from rmscore.core.liveness import now_us
 from rmscore.core.validation import SeqInput
 from rmscore.frontends import json_body, openrlhf, reward_text, vllm_api
 from rmscore.core.scoring import SERVING, ScoringCore
@@ -160,6 +161,16 @@ def create_app(core: ScoringCore) -> FastAPI:
     async def readyz():
         ok = core.state == SERVING
         return JSONResponse({"status": core.state}, status_code=200 if ok else 503)
+
+    @app.get("/livez")
+    async def livez():
+        # Judged now, from the stall clock alone (core/liveness.py): answered on the event loop
+        # while a batcher thread is stuck. 503 once the batcher made no progress with work waiting
+        # for longer than --liveness-stall-seconds; 200 otherwise, warming up and draining included.
+        alive, stall = core.liveness.check(now_us())
+        return JSONResponse({"status": "alive" if alive else "stalled", "stalled_seconds": stall.stalled_us / 1e6,
+                             "liveness_stall_seconds": core.liveness.threshold_s},
+                            status_code=200 if alive else 503)
 
     @app.get("/metrics")
     async def metrics():
@@ -370,10 +381,10 @@ class _CancelOnDisconnect:
 
 class _TokenCheck:
     """ASGI middleware: `Authorization: Bearer <token>` on every path but the probes' (/healthz,
-    /readyz, vLLM's /health) and /metrics (unauthenticated on every server kind: the gRPC servers serve it on
+    /readyz, /livez, vLLM's /health) and /metrics (unauthenticated on every server kind: the gRPC servers serve it on
     their own metrics port). Outermost, so nothing else runs for a refused call."""
 
-    OPEN = frozenset({"/healthz", "/readyz", "/health", "/metrics"})
+    OPEN = frozenset({"/healthz", "/readyz", "/livez", "/health", "/metrics"})
 
     def __init__(self, app, token: str, core: ScoringCore):
         self.app, self.token, self.core = app, token, core
