@@ -66,6 +66,7 @@ grpc::Status Batcher::Submit(const std::shared_ptr<Job>& job) {
     }
     ++in_flight_;
     QueueChangedLocked();
+    ProgressLocked();
     metrics_->InFlight(+1);
   }
   work_cv_.notify_one();
@@ -135,7 +136,13 @@ void Batcher::Loop(const BatchModel& model) {
     // Alone, and nothing waits to join it: every thread. A batch taken while it runs goes to its own
     // worker's session and shares the cores until this one ends.
     const bool lone = batch && !work_left && running_ == 0 && lone_;
-    if (batch) ++running_;
+    if (batch) {
+      ++running_;
+      // Here, not when the batch left the queue: taking it and counting it running are one step under
+      // mu_, so the clock never sees the work gone between the two.
+      batch->started_us = StallClock::NowUs();
+      if (opts_.progress) opts_.progress->BatchStarted(batch->started_us, int64_t(queue_.size()));
+    }
     lk.unlock();
     if (work_left) work_cv_.notify_one();  // an idle worker may take the next batch
     Answer(answers);
@@ -227,6 +234,8 @@ void Batcher::Run(const Batch& b, const BatchModel& model, bool lone) {
     work_.BatchEnded(b.packed.real_tokens);
     if (error.ok()) work_.Observe(ms * 1e3, b.packed.real_tokens);
     QueueChangedLocked();
+    // A failed run counts too: its requests are answered, the batcher is not stuck.
+    if (opts_.progress) opts_.progress->BatchEnded(b.started_us, StallClock::NowUs(), int64_t(queue_.size()));
     ScoredLocked(b, scores, ms, &answers);
     if (!error.ok()) {
       // Each job of the batch fails once; its sequences still queued never reach the model.
@@ -269,6 +278,7 @@ void Batcher::FailLocked(std::shared_ptr<Job> job, const grpc::Status& why, cons
   int64_t dropped = 0;
   for (size_t i = 0; i < job->seqs_.size(); ++i) dropped += EraseLocked(job->first_seq_id_ + i);
   QueueChangedLocked();
+  ProgressLocked();
   if (drop_reason && dropped) metrics_->SequencesDropped(drop_reason, dropped);
 }
 
@@ -286,6 +296,11 @@ bool Batcher::EraseLocked(uint64_t id) {
 void Batcher::QueueChangedLocked() {
   metrics_->SetQueueDepth(int64_t(queue_.size()));
   metrics_->SetQueueExpectedWait(double(work_.WaitUs()) / 1e6);
+}
+
+// Precondition: mu_ held.
+void Batcher::ProgressLocked() {
+  if (opts_.progress) opts_.progress->QueueChanged(StallClock::NowUs(), int64_t(queue_.size()));
 }
 
 // Without mu_: runs each finished job's callback, then counts it answered (so Drain returns only once

@@ -31,6 +31,7 @@
 
 #include "admission.h"
 #include "cost.h"
+#include "liveness.h"
 #include "metrics.h"
 #include "planner.h"
 #include "validation.h"
@@ -92,6 +93,10 @@ class Batcher {
     // caller's deadline; the rate starts at the seed (model us per real token, 0: unknown).
     int64_t max_queue_wait_us = 0;
     double seed_us_per_token = 0;
+    // Told when work waits and when batches start and end (liveness.h): liveness reads it without mu_,
+    // so it answers while a batcher thread is stuck. Shared with the gauge and the liveness watch,
+    // which may outlive the batcher. nullptr: not tracked.
+    std::shared_ptr<StallClock> progress;
   };
   // `models`: one per worker, each run by its own batcher thread. `abort` (optional) makes the model
   // runs in progress fail; Stop uses it. `lone` (optional): the model for a batch that starts while no
@@ -130,6 +135,7 @@ class Batcher {
   struct Batch {
     std::vector<Queued> seqs;
     PackedBatch packed;
+    int64_t started_us = 0;  // when it was counted running (StallClock::NowUs)
   };
   using Answers = std::vector<std::shared_ptr<Job>>;  // finished jobs whose callback is due
 
@@ -141,6 +147,8 @@ class Batcher {
   // Removes a sequence from the queue (false when it is not there).
   bool EraseLocked(uint64_t id);
   void QueueChangedLocked();
+  // The stall clock follows the queue (where a batch is taken, Loop tells it instead, with the batch).
+  void ProgressLocked();
   void FailLocked(std::shared_ptr<Job> job, const grpc::Status& why, const char* drop_reason, Answers* answers);
   void ScoredLocked(const Batch& b, const std::vector<float>& scores, double ms, Answers* answers);
   // Without mu_.

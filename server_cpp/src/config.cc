@@ -184,6 +184,9 @@ const std::map<std::string, Setter>& Setters() {
          c.max_stream_items_in_flight = int(ParseInt(f, v, 1, 1 << 24));
        }},
       {"--body-timeout-seconds", [](Config& c, auto& f, auto& v) { c.body_timeout_seconds = ParseChannelSeconds(f, v, false); }},
+      {"--liveness-stall-seconds", [](Config& c, auto& f, auto& v) {
+         c.liveness_stall_seconds = ParseChannelSeconds(f, v, true);
+       }},
       {"--max-buffered-request-bytes", [](Config& c, auto& f, auto& v) {
          c.max_buffered_request_bytes = ParseInt(f, v, 1, INT64_C(1) << 50);
        }},
@@ -330,6 +333,8 @@ std::string Usage() {
          "  --max-connection-age-seconds 300  --max-connection-age-grace-seconds 30 (gRPC GOAWAY, re-resolve)\n"
          "  --max-concurrent-streams 100  --max-stream-items-in-flight 32 (per ScoreStream; then it is not read)\n"
          "  --body-timeout-seconds 30  --max-buffered-request-bytes 134217728 (the HTTP server's; checked only)\n"
+         "  --liveness-stall-seconds 300 (gRPC health \"liveness\" NOT_SERVING once work waits this long with no\n"
+         "      batch completing; 0: never)\n"
          "  --tls-cert-file PEM --tls-key-file PEM (both or neither; default: plaintext)\n"
          "  --auth-token-file PATH (shared bearer token; default: none)\n"
          "See docs/contract.md and docs/cpp_server.md.\n";

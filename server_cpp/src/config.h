@@ -74,6 +74,11 @@ struct Config {
   int max_stream_items_in_flight = 32;
   double body_timeout_seconds = 30;
   int64_t max_buffered_request_bytes = INT64_C(134217728);
+  // Liveness (liveness.h): the gRPC health service "liveness" says NOT_SERVING once work has waited
+  // this long with no batch completing. Default: five times the 60 s admission bound, and 50x the
+  // longest batch the default limits allow on this machine (16 x 512 tokens, 5.4 s on one core): only
+  // a hang gets there. 0: never fails. The same as server_py's config.py.
+  double liveness_stall_seconds = 300;
   // Transport security and the shared bearer token (docs/contract.md, "Access
   // control"). Empty: off. Checked at parse time: TLS takes both files or
   // neither, every file must be readable, the token file must hold a token.

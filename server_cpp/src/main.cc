@@ -5,7 +5,8 @@
 // loaded, warmed up (--warmup-rounds), cost table measured or loaded (--batching cost_aware,
 // --cost-profile) and golden self-check -> SERVING. A --cost-profile file that is corrupt or
 // measured for another server refuses to start (exit code 2) before anything loads. On SIGTERM/SIGINT: NOT_SERVING,
-// new calls refused "not ready: draining", accepted work finished, exit 0.
+// new calls refused "not ready: draining", accepted work finished, exit 0. Health "liveness" is
+// SERVING from the bind on, and NOT_SERVING only while the batcher is stalled (liveness.h).
 #include <google/protobuf/stubs/logging.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
@@ -29,6 +30,7 @@
 #include "config.h"
 #include "cost.h"
 #include "cost_profile.h"
+#include "liveness.h"
 #include "manifest.h"
 #include "metrics.h"
 #include "model_runner.h"
@@ -309,6 +311,10 @@ std::unique_ptr<grpc::Server> StartGrpc(const Config& cfg, RewardModelService& s
     throw std::runtime_error("cannot listen on " + cfg.host + ":" + std::to_string(cfg.port));
   }
   SetHealth(*server, false);
+  // Liveness (docs/contract.md): alive while warming up and draining; the LivenessWatch in
+  // ServeAndDrain turns it NOT_SERVING while the batcher is stalled. gRPC's default health service
+  // answers Check and Watch from its own threads, which a stuck batcher thread does not block.
+  server->GetHealthCheckService()->SetServingStatus(kLivenessService, true);
   return server;
 }
 
@@ -331,6 +337,12 @@ struct Loaded {
   Sessions sessions;                // none: a stop signal came first
   std::shared_ptr<CostModel> cost;  // nullptr: not planned with (see MakeCostModel)
   double seed_us_per_token = 0;     // admission's first rate (WorkSeed)
+};
+
+// What liveness needs from Run: the stall clock (shared with the gauge) and the fault hook.
+struct LivenessParts {
+  std::shared_ptr<StallClock> stall;
+  HangHook* hang = nullptr;
 };
 
 // Admission's first rate (admission.h), model microseconds per token: one batch of sequences as long
@@ -374,6 +386,10 @@ Loaded LoadModel(const Config& cfg, const Manifest& manifest, const sigset_t& si
   ModelRunner& first = *sessions.runs[0];
   if (StopPending(signals)) return {};
   std::shared_ptr<CostModel> cost = MakeCostModel(cfg, manifest, first, *identity, std::move(profiled));
+  std::optional<LongestBatch> longest;
+  if (cost) longest = LongestBatchOf(cost->table(), cfg.max_batch_size, cfg.max_batch_tokens, manifest.max_sequence_length);
+  const auto [note, warning] = ThresholdNote(cfg.liveness_stall_seconds, longest);
+  PrintLivenessLine(note, warning);
   if (StopPending(signals)) return {};
   SelfCheck(first, manifest, cfg);
   if (StopPending(signals)) return {};
@@ -384,7 +400,8 @@ Loaded LoadModel(const Config& cfg, const Manifest& manifest, const sigset_t& si
 // Serves until SIGTERM/SIGINT, then drains: accepted work may run until the grace less the shutdown
 // reserve, what is left fails, and the transports close (docs/cpp_server.md, "Shutdown").
 void ServeAndDrain(const Config& cfg, const Manifest& manifest, const Loaded& loaded, RewardModelService& service,
-                   grpc::Server& server, Metrics& metrics, const sigset_t& signals, Clock::time_point t0) {
+                   grpc::Server& server, Metrics& metrics, const sigset_t& signals, Clock::time_point t0,
+                   const LivenessParts& live) {
   Batcher::Options bopts;
   bopts.planner = PlannerConfig{cfg.max_batch_size, cfg.max_batch_tokens, cfg.max_queue_delay_us(), cfg.batching};
   bopts.max_queue_sequences = cfg.max_queue_sequences;
@@ -392,17 +409,32 @@ void ServeAndDrain(const Config& cfg, const Manifest& manifest, const Loaded& lo
   bopts.cost = loaded.cost;
   bopts.max_queue_wait_us = int64_t(cfg.max_queue_wait_seconds * 1e6);
   bopts.seed_us_per_token = loaded.seed_us_per_token;
+  bopts.progress = live.stall;
+  HangHook* hang = live.hang;  // RMSCORE_FAULT_HANG_BATCH (tests only): a stuck device
   std::vector<BatchModel> models;
   for (ModelRunner* model : loaded.sessions.runs) {
-    models.push_back([model](const PackedBatch& b) { return model->Run(b); });
+    models.push_back([model, hang](const PackedBatch& b) {
+      hang->BeforeBatch();
+      return model->Run(b);
+    });
   }
   BatchModel lone;
-  if (ModelRunner* model = loaded.sessions.lone) lone = [model](const PackedBatch& b) { return model->Run(b); };
+  if (ModelRunner* model = loaded.sessions.lone) {
+    lone = [model, hang](const PackedBatch& b) {
+      hang->BeforeBatch();
+      return model->Run(b);
+    };
+  }
   const Workers& owned = loaded.sessions.owned;
   Batcher batcher(bopts, std::move(models), &metrics, [&owned] {
     for (const auto& w : owned) w->Abort();
   }, std::move(lone));
   service.StartServing(&batcher);
+  Liveness liveness(live.stall, cfg.liveness_stall_seconds);
+  // Until Stop below: the health service ignores a status set after server.Shutdown anyway.
+  LivenessWatch watch(&liveness, [&server](bool alive) {
+    server.GetHealthCheckService()->SetServingStatus(kLivenessService, alive);
+  });
   HeapTrimmer trimmer(kHeapTrimInterval);
   SetHealth(server, true);
   std::cout << "rmscore ready model=" << manifest.name << " version=" << manifest.version
@@ -417,6 +449,7 @@ void ServeAndDrain(const Config& cfg, const Manifest& manifest, const Loaded& lo
                                  std::chrono::duration<double>(cfg.drain_grace_seconds - cfg.shutdown_reserve_s()));
   const bool drained = batcher.Drain(until);
   batcher.Stop();  // fails what is left (only when not drained), so no call stays open
+  watch.Stop();
   // Reactors may still call the batcher (a cancellation) until the server is down: it outlives it.
   server.Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
   server.Wait();
@@ -432,8 +465,12 @@ int Run(const Config& cfg, const sigset_t& signals) {
   std::optional<CostTable> profiled = LoadSavedProfile(cfg, &identity);
   std::string tokenizer_json = ReadFile(manifest.TokenizerPath());
 
+  HangHook hang(HangFaultFromEnv());  // a bad RMSCORE_FAULT_HANG_BATCH refuses the start (exit 2)
+  // Declared before the Metrics that read it at each scrape, so it outlives the metrics endpoint.
+  const auto stall = std::make_shared<StallClock>();
   Metrics metrics(manifest.name, manifest.version, ToString(cfg.device));
   metrics.SetQueueCapacity(cfg.max_queue_sequences);
+  metrics.SetStalledSource([stall] { return double(stall->StalledUs(StallClock::NowUs())) / 1e6; });
   const int metrics_port = metrics.Serve(cfg.host, cfg.metrics_port);
   RewardModelService service(cfg, manifest, std::move(tokenizer_json), &metrics);
   ReflectionV1 reflection(ServiceNames());
@@ -456,7 +493,7 @@ int Run(const Config& cfg, const sigset_t& signals) {
     metrics.StopServing();
     return 0;
   }
-  ServeAndDrain(cfg, manifest, loaded, service, *server, metrics, signals, t0);
+  ServeAndDrain(cfg, manifest, loaded, service, *server, metrics, signals, t0, LivenessParts{stall, &hang});
   return 0;
 }
 

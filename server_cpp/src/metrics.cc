@@ -92,6 +92,17 @@ class ProcessCollectable : public prometheus::Collectable {
   }
 };
 
+// The registry as the exposer serves it: through Metrics::Collect, which computes the scrape-time gauges
+// first. Holds the Metrics by pointer: the exposer that calls it is stopped before the Metrics goes.
+class ScrapeCollectable : public prometheus::Collectable {
+ public:
+  explicit ScrapeCollectable(Metrics* metrics) : metrics_(metrics) {}
+  std::vector<prometheus::MetricFamily> Collect() const override { return metrics_->Collect(); }
+
+ private:
+  Metrics* const metrics_;
+};
+
 }  // namespace
 
 const char* StatusCodeName(grpc::StatusCode code) {
@@ -135,6 +146,8 @@ Metrics::Metrics(const std::string& model, const std::string& version, const std
   batch_padding_ = &Histo("rmscore_batch_padding_ratio");
   queue_depth_ = &Family(gauges_, "rmscore_queue_depth").Add({});
   in_flight_ = &Family(gauges_, "rmscore_requests_in_flight").Add({});
+  stalled_ = &Family(gauges_, "rmscore_batcher_stalled_seconds").Add({});
+  scraped_ = std::make_shared<ScrapeCollectable>(this);
   Family(gauges_, "rmscore_build_info").Add({{"model", model}, {"version", version}}).Set(1);
   // Labelled families are exported only once they hold a series: make the
   // known ones now so every metric name is visible from the first scrape.
@@ -163,7 +176,7 @@ prometheus::Histogram& Metrics::Histo(const std::string& name) {
 
 int Metrics::Serve(const std::string& host, int port) {
   exposer_ = std::make_unique<prometheus::Exposer>(host + ":" + std::to_string(port), 2);
-  exposer_->RegisterCollectable(registry_);
+  exposer_->RegisterCollectable(scraped_);
   exposer_->RegisterCollectable(process_);
   const auto ports = exposer_->GetListeningPorts();
   if (ports.empty()) throw std::runtime_error("metrics: no listening port on " + host);
@@ -171,6 +184,19 @@ int Metrics::Serve(const std::string& host, int port) {
 }
 
 void Metrics::StopServing() { exposer_.reset(); }
+
+void Metrics::SetStalledSource(std::function<double()> seconds) {
+  std::lock_guard<std::mutex> lk(stalled_mu_);
+  stalled_source_ = std::move(seconds);
+}
+
+std::vector<prometheus::MetricFamily> Metrics::Collect() {
+  {
+    std::lock_guard<std::mutex> lk(stalled_mu_);
+    if (stalled_source_) stalled_->Set(stalled_source_());
+  }
+  return registry_->Collect();
+}
 
 void Metrics::RequestAnswered(grpc::StatusCode code, double latency_s) {
   const int i = int(code) >= 0 && int(code) < 17 ? int(code) : int(grpc::StatusCode::UNKNOWN);

@@ -13,9 +13,12 @@
 
 #include <array>
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 namespace rmscore {
 
@@ -41,12 +44,18 @@ class Metrics {
   void SetQueueExpectedWait(double seconds);
   void SetQueueCapacity(int64_t n);
   void InFlight(int delta) { in_flight_->Increment(double(delta)); }
+  // rmscore_batcher_stalled_seconds is seconds(), called at each scrape (liveness.h): a value set by
+  // the batcher would stop changing exactly when the batcher hangs. Must not block; callable any time.
+  void SetStalledSource(std::function<double()> seconds);
 
+  // What a scrape reads: the registry, with the scrape-time gauges brought up to date first.
+  std::vector<prometheus::MetricFamily> Collect();
   prometheus::Registry& registry() { return *registry_; }
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<prometheus::Collectable> process_;  // metrics.json's process_metrics, from /proc
+  std::shared_ptr<prometheus::Collectable> scraped_;  // registry_ through Collect(): what the exposer serves
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::map<std::string, prometheus::Family<prometheus::Counter>*> counters_;
   std::map<std::string, prometheus::Family<prometheus::Gauge>*> gauges_;
@@ -62,6 +71,9 @@ class Metrics {
   prometheus::Histogram* batch_padding_ = nullptr;
   prometheus::Gauge* queue_depth_ = nullptr;
   prometheus::Gauge* in_flight_ = nullptr;
+  prometheus::Gauge* stalled_ = nullptr;
+  std::mutex stalled_mu_;  // guards stalled_source_ (a scrape thread reads it, the main thread sets it)
+  std::function<double()> stalled_source_;
 
   template <typename T>
   prometheus::Family<T>& Family(std::map<std::string, prometheus::Family<T>*>& m, const std::string& name);

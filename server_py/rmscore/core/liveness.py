@@ -231,7 +231,7 @@ class HangFault:
         rule and message as server_cpp's ParseHangFault."""
         k, sep, s = value.partition(":")
         try:
-            fault = HangFault(int(k), float(s)) if sep and k.strip().isdigit() else None
+            fault = HangFault(int(k), float(s)) if sep and k.isascii() and k.isdigit() else None
         except ValueError:
             fault = None
         if fault is None or fault.batch < 1 or not 0 < fault.seconds <= 86400:
