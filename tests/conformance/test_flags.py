@@ -28,6 +28,7 @@ BAD = [
     (dict(cost_profile_dir="/proc/cpuinfo"),
      "--cost-profile-dir: must be a directory (created when missing) or none, got '/proc/cpuinfo'"),
     (dict(body_timeout_seconds=0), "--body-timeout-seconds: must be > 0 and <= 2147483, got 0"),
+    (dict(liveness_stall_seconds=-1), "--liveness-stall-seconds: must be >= 0 and <= 2147483, got -1"),
     (dict(max_request_bytes=2048, max_buffered_request_bytes=1024),
      "--max-buffered-request-bytes: must be >= --max-request-bytes (2048), got 1024"),
 ]
