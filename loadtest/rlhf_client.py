@@ -238,6 +238,10 @@ class RolloutUser(User):
             if not np.all(np.isfinite(scores)):
                 raise RuntimeError(f"non-finite score in {list(scores)}")
         except Exception as e:  # recorded as a failure, never raised: the other chunks go on
+            if self.client is None:
+                # on_stop closed the channel under it at the run's end ("CANCELLED: Channel
+                # closed!"): this run's own doing, not the server's failure, so not recorded.
+                return None
             exc = e
         self._record(len(chunk), (time.perf_counter() - start) * 1000.0, exc)
         return exc
