@@ -68,6 +68,14 @@ class Health:
         assert ready.status_code in (200, 503), ready.text
         return "SERVING" if ready.status_code == 200 else "NOT_SERVING"
 
+    def live(self) -> str:
+        """Liveness (docs/contract.md): gRPC health "liveness", or HTTP /livez. Not readiness: a server
+        warming up or draining is alive."""
+        if self.server.transport == "grpc":
+            r = self.stub.Check(health_pb2.HealthCheckRequest(service="liveness"), timeout=5)
+            return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+        return "SERVING" if self.http.get("/livez").status_code == 200 else "NOT_SERVING"
+
     def close(self) -> None:
         self.channel.close() if self.server.transport == "grpc" else self.http.close()
 
@@ -106,7 +114,8 @@ def test_not_serving_and_refusing_until_warm_then_serving(kind):
         assert (code, message) == ("UNAVAILABLE", WARMING_UP), (code, message)
         if http_status is not None:
             assert http_status == 503
-        # Still warming up after the refusal: the call above cannot have raced the end of warm-up.
+        assert health.live() == "SERVING"  # not ready, but alive: a warm-up is no hang
+        # Still warming up after the refusal: the calls above cannot have raced the end of warm-up.
         assert health.status() == "NOT_SERVING"
         t_refused = time.monotonic()
 
@@ -140,16 +149,18 @@ def test_sigterm_during_warmup_exits_without_ever_serving(kind):
         assert first_answer(health, server) == "NOT_SERVING", f"{kind}: ready before the first poll"
         t_term = time.monotonic()
         server.signal(signal.SIGTERM)
-        seen = set()
+        seen, live = set(), set()
         while server.proc.poll() is None and time.monotonic() - t_term < EXIT_WITHIN_S:
             try:
                 seen.add(health.status())
+                live.add(health.live())
             except (grpc.RpcError, httpx.HTTPError):
                 pass  # shutting down mid-call
             time.sleep(0.05)
         exit_s = time.monotonic() - t_term
         assert server.proc.poll() == 0, f"{kind}: exit {server.proc.poll()} {exit_s:.1f} s after SIGTERM:\n{server.log()}"
         assert "SERVING" not in seen, f"{kind}: said SERVING after SIGTERM during warm-up"
+        assert "NOT_SERVING" not in live, f"{kind}: liveness failed while draining: a drain is no hang"
         print(f"{kind}: exited {exit_s:.1f} s after SIGTERM during warm-up")
     finally:
         health.close()
