@@ -164,7 +164,9 @@ def test_a_hung_batcher_fails_liveness_then_recovers_and_nothing_is_lost(server)
                           r"(\d+) sequences queued and (\d+) batches running", log)
     assert len(warnings) == 1, log[-3000:]
     seconds, queued, running = warnings[0]
-    assert float(seconds) >= THRESHOLD_S and (queued, running) == ("0", "1"), warnings
+    # One batch running (the stuck one); the other golden sequence is in it or still queued, as the
+    # planner chose (cost_aware on a CPU runs sequences one at a time when that is cheaper).
+    assert float(seconds) >= THRESHOLD_S and running == "1" and queued in ("0", "1"), warnings
     assert "liveness passes" in log
 
 
