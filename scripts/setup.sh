@@ -120,10 +120,34 @@ step_tools() {
   .venv/bin/python scripts/deploy_tools.py || say "deployment test tools: not all fetched (see above)"
 }
 
+step_containers() {
+  # Not a default step: only the compose stack's test (tests/deploy/test_compose_stack.py) and
+  # scripts/build_images.sh need it, and scripts/test.sh asks for it. Debian's engine, and
+  # debootstrap for a base image where no registry serves one (docs/deploy.md).
+  local missing=()
+  command -v dockerd >/dev/null || missing+=(docker.io)
+  command -v debootstrap >/dev/null || missing+=(debootstrap)
+  if [ ${#missing[@]} -gt 0 ]; then
+    local SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    say "containers: installing ${missing[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  if docker info >/dev/null 2>&1; then say "containers: the engine answers"; return; fi
+  if [ "$(id -u)" -ne 0 ]; then say "containers: no engine answers, and starting dockerd needs root"; return 1; fi
+  # Started here, as root, when nothing else started one (no init system on a CI machine); it
+  # stays up for the tests, as any service the set-up installs would.
+  mkdir -p .cache
+  say "containers: starting dockerd (log .cache/dockerd.log)"
+  nohup dockerd >.cache/dockerd.log 2>&1 &
+  for _ in $(seq 60); do docker info >/dev/null 2>&1 && { say "containers: the engine answers"; return; }; sleep 1; done
+  say "containers: dockerd did not answer within 60 s:"; tail -20 .cache/dockerd.log; return 1
+}
+
 # RMSCORE_STEPS picks steps (the Docker images use it to run only their part):
-# any of apt,venv,stubs,cpp,model,tools; default all.
+# any of apt,venv,stubs,cpp,model,tools (the default: all of these), and containers.
 STEPS=${RMSCORE_STEPS:-apt,venv,stubs,cpp,model,tools}
-for s in apt venv stubs cpp model tools; do
+for s in apt venv stubs cpp model tools containers; do
   case ",$STEPS," in *",$s,"*) "step_$s" ;; esac
 done
 say "done in ${SECONDS} s"
