@@ -700,12 +700,13 @@ def test_k8s_servers_probe_drain_and_scale(kustomize):
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         assert ports["grpc"] == port and ports["metrics"] == int(flags["--metrics-port"]), name
         assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(ports["metrics"])
-        # startup and readiness: grpc.health.v1 (SERVING); liveness: something a draining server still passes
+        # startup and readiness: grpc.health.v1 "" (SERVING); liveness: its "liveness" service, which a
+        # warming or draining server passes and a stalled batcher fails (docs/contract.md)
         for probe in ("startupProbe", "readinessProbe"):
             assert c[probe]["grpc"]["port"] == port, f"{name}: {probe} must use grpc.health.v1 on {port}"
+            assert c[probe]["grpc"].get("service", "") == "", f"{name}: {probe} asks readiness"
         live = c["livenessProbe"]
-        assert "grpc" not in live and "exec" not in live, f"{name}: liveness must not fail while draining (NOT_SERVING)"
-        assert live["httpGet"]["port"] in ("metrics", ports["metrics"]) and live["httpGet"]["path"] == "/metrics", name
+        assert live["grpc"] == {"port": port, "service": "liveness"}, f"{name}: liveness must see a stalled batcher"
         drain = float(flags["--drain-grace-seconds"])
         pre = c["lifecycle"]["preStop"]["exec"]["command"]
         assert pre[0] == "sleep", f"{name}: preStop should wait for endpoint removal"
