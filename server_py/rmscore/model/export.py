@@ -16,13 +16,12 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from rmscore.model import default_model, precision
 from rmscore.model.repository import FORMAT_VERSION, MANIFEST
 from rmscore.model.modeling import ModelLoadError, ModelSpec, RewardModule, inspect_checkpoint, load_hf_model
-from rmscore.model.padding import pad_batch
+from rmscore.model.ort_eval import ort_session, parity
 
 OPSET = 17
 FP32_TOLERANCE = 1e-5
@@ -119,32 +118,6 @@ def eager_scores(module: RewardModule, seqs: list[list[int]]) -> list[float]:
             ids = torch.tensor([s], dtype=torch.int64)
             out.append(float(module(ids, torch.ones_like(ids))[0]))
     return out
-
-
-def ort_session(path: pathlib.Path, threads: int = 2):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-
-
-def ort_scores(sess, seqs: list[list[int]], pad_id: int) -> np.ndarray:
-    ids, mask = pad_batch(seqs, pad_id)
-    return sess.run(["scores"], {"input_ids": ids, "attention_mask": mask})[0]
-
-
-def parity(sess, seqs, golden, pad_id) -> dict:
-    """Max abs diff of a graph against eager, each sequence alone and all as one padded batch."""
-    g = np.asarray(golden, dtype=np.float64)
-    alone = np.array([ort_scores(sess, [s], pad_id)[0] for s in seqs], dtype=np.float64)
-    batched = ort_scores(sess, seqs, pad_id).astype(np.float64)
-    return {"max_abs_diff": float(max(np.abs(alone - g).max(), np.abs(batched - g).max())),
-            "max_abs_diff_alone": float(np.abs(alone - g).max()),
-            "max_abs_diff_padded_batch": float(np.abs(batched - g).max()),
-            "sequences": len(seqs), "alone": alone.tolist()}
 
 
 def export_onnx(module: RewardModule, spec: ModelSpec, path: pathlib.Path) -> None:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rmscore.model.ort_eval import ort_session, parity, scores_alone
+
 #: Gate defaults (issue 18): a 0.5% rank disagreement already changes which responses a policy learns from.
 DEFAULT_MIN_SPEARMAN = 0.995
 DEFAULT_MIN_PAIRWISE = 0.99
@@ -220,30 +222,20 @@ def quantize_int8(fp32: pathlib.Path, out: pathlib.Path, recipe: str, calibratio
 INT8_SELF_CHECK_TOLERANCE = 1e-3
 
 
-def _scores_alone(sess, seqs: list[list[int]], pad_id: int) -> np.ndarray:
-    from rmscore.model.export import ort_scores
-
-    return np.array([ort_scores(sess, [s], pad_id)[0] for s in seqs], dtype=np.float64)
-
-
 @functools.lru_cache(maxsize=4)
 def _reference(fp32: str, _mtime_ns: int, held: tuple, pad: int) -> np.ndarray:
     """fp32 held-out scores, kept while the graph file is unchanged: gating several candidates
     against one repository scores fp32 once."""
-    from rmscore.model.export import ort_session
-
-    return _scores_alone(ort_session(pathlib.Path(fp32)), [list(s) for s in held], pad)
+    return scores_alone(ort_session(pathlib.Path(fp32)), [list(s) for s in held], pad)
 
 
 def gate_graph(repo: pathlib.Path, manifest: dict, graph: pathlib.Path, what: str, gate: Gate) -> dict:
     """The held-out figures of `graph` against the repository's fp32 graph; GateError below the gate."""
-    from rmscore.model.export import ort_session
-
     held, pairs = heldout_sequences(repo / manifest["tokenizer"]["file"], int(manifest["max_sequence_length"]))
     pad = int(manifest["pad_token_id"])
     fp32 = repo / manifest["graphs"]["fp32"]
     ref = _reference(str(fp32), fp32.stat().st_mtime_ns, tuple(map(tuple, held)), pad)
-    fig = {**ranking_figures(ref, _scores_alone(ort_session(graph), held, pad), pairs), "gate": gate.as_dict()}
+    fig = {**ranking_figures(ref, scores_alone(ort_session(graph), held, pad), pairs), "gate": gate.as_dict()}
     print(f"      {what}: {describe(fig)}", flush=True)
     gate.check(f"{what} against fp32 on the held-out pairs:", fig)
     return fig
@@ -255,7 +247,6 @@ def add_int8(repo: pathlib.Path, recipe: str, gate: Gate) -> dict:
     from tokenizers import Tokenizer
 
     from rmscore.model import default_model
-    from rmscore.model.export import ort_session, parity
 
     mf = repo / "manifest.json"
     manifest = json.loads(mf.read_text())
