@@ -61,8 +61,8 @@ def measure(cfg, repo):
     """Measures as ScoringCore does at warm-up: the same runtime, warm-up and budget."""
     import time
 
-    from rmscore import runtimes
     from rmscore.core import cost_profile
+    from rmscore.core.runtime import progress
     from rmscore.runtimes.workers import create_workers
 
     backend = create_workers(cfg, repo, cfg.model_workers)[0]
@@ -76,7 +76,7 @@ def measure(cfg, repo):
         return time.perf_counter() - t
 
     return cost_profile.measure(run, cfg.max_batch_size, repo.max_sequence_length, cfg.cost_profile_seconds,
-                                runtimes.progress)
+                                progress)
 
 
 def main(args) -> int:

@@ -22,8 +22,9 @@ MODEL = ROOT / "models" / "default"
 def core():
     from rmscore.core.config import ServeConfig
     from rmscore.core.scoring import ScoringCore
+    from rmscore.runtimes.workers import RUNTIME
 
-    return ScoringCore(ServeConfig(model=MODEL))
+    return ScoringCore(ServeConfig(model=MODEL), RUNTIME)  # the servers' runtime, never loaded here
 
 
 def check_sequences(seqs, n_items: int) -> None:

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 from rmscore.core.config import ConfigError, ServeConfig
-from rmscore.frontends.reward_text import MIN_PROMPT_TAIL, Encoder, split_query
+from rmscore.frontends.reward_text import MIN_PROMPT_TAIL, Encoder, chat_template, split_query
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -20,8 +20,9 @@ def model(tmp_path) -> pathlib.Path:
 
 
 def error_of(model: pathlib.Path, **flags) -> str:
+    """The config's error, or the HTTP server's as it compiles --chat-template at start."""
     with pytest.raises(ConfigError) as e:
-        ServeConfig(model=model, transport="http", **flags)
+        chat_template(ServeConfig(model=model, transport="http", **flags))
     return str(e.value)
 
 
@@ -62,4 +63,4 @@ def test_text_flags_are_checked_eagerly(model, tmp_path):
     assert "has no chat_template" in error_of(model, chat_template="model")
     (model / "hf" / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages[0].content }}"}))
     cfg = ServeConfig(model=model, transport="http", chat_template="model", strip_strings=("</s>",))
-    assert cfg.chat_template_compiled.render(messages=[{"content": "x"}]) == "x"
+    assert chat_template(cfg).render(messages=[{"content": "x"}]) == "x"

@@ -152,25 +152,15 @@ class ServeConfig:
     strip_strings: tuple[str, ...] = ()
     #: Render each (prompt, response) pair with this chat template (a file, or `model`: the model
     #: repository's hf/tokenizer_config.json chat_template) before tokenizing; None: encode(prompt, response).
+    #: Read and compiled where the HTTP server starts (frontends/reward_text.py `chat_template`).
     chat_template: str | None = None
-    #: The compiled template of `chat_template`; made once, at config time.
-    chat_template_compiled: object = field(default=None, init=False, repr=False, compare=False)
 
     def _check_text(self, check) -> None:
-        from rmscore.frontends import reward_text
-
         for s in self.strip_strings:
             check(isinstance(s, str) and s != "", "strip-string", "must be a non-empty string", s)
         for flag, value in (("strip-string", self.strip_strings), ("chat-template", self.chat_template)):
             check(not value or self.transport == "http", flag,
                   "applies to the HTTP server's framework routes only; add --transport http", value)
-        if self.chat_template is None:
-            return
-        try:
-            compiled = reward_text.compile_chat_template(reward_text.load_chat_template(self.chat_template, self.model))
-        except Exception as e:  # noqa: BLE001 - unreadable or not a template: said with the value
-            check(False, "chat-template", f"not a usable chat template ({e})", self.chat_template)
-        object.__setattr__(self, "chat_template_compiled", compiled)
     # ---- end of framework text ----
     # Transport limits (issue 20; same flags in the C++ server).
     #: HTTP/2 streams one connection may have open at once (gRPC's max_concurrent_streams).

@@ -2,6 +2,8 @@
 
 A front end only translates its transport to `ScoringCore.score` and back, and
 maps `ScoreError` once (errors.Code carries both the gRPC and the HTTP status).
+The core imports no runtime: the runner that starts a server hands it one
+(`ScoringCore(cfg, runtime)`, core/runtime.py).
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from typing import Awaitable
 
 import numpy as np
 
-from rmscore import runtimes
 from rmscore.core.batcher import Batcher, Job, Result
 from rmscore.core import cost_profile
 from rmscore.core.config import AUTO_WORKERS, ConfigError, ServeConfig
@@ -25,9 +26,9 @@ from rmscore.core.errors import Code, ScoreError
 from rmscore.core.liveness import HangFault, HangHook, Liveness, LivenessWatch, StallClock, longest_batch, \
     now_us, threshold_note
 from rmscore.core.metrics import Metrics
-from rmscore.model.repository import ModelRepo, load_repo
-from rmscore.runtimes.workers import Workers, start_workers
+from rmscore.core.runtime import Runtime, Workers, progress
 from rmscore.core.validation import Limits, SeqInput, Validator
+from rmscore.model.repository import ModelRepo, load_repo
 
 #: The sequence length of admission's first timed batch (_work_seed); server_cpp's kSeedLength.
 SEED_LENGTH = 512
@@ -38,8 +39,10 @@ WARMING_UP, SERVING, DRAINING, FAILED = "warming_up", "serving", "draining", "fa
 
 
 class ScoringCore:
-    def __init__(self, cfg: ServeConfig):
+    def __init__(self, cfg: ServeConfig, runtime: Runtime):
+        """`runtime`: what this core loads and runs (runtimes/workers.py RUNTIME in the servers)."""
         self.cfg = cfg
+        self.runtime = runtime
         self.repo: ModelRepo = load_repo(cfg.model)
         self.metrics = Metrics(cfg.server_kind, cfg.backend, device=cfg.device)
         self.metrics.set_queue_capacity(cfg.max_queue_sequences)
@@ -84,7 +87,7 @@ class ScoringCore:
         elif cfg.cost_profile is None and cfg.batching == COST_AWARE and cfg.cost_profile_dir is not None:
             self.cost_profile_path = cost_profile.cache_path(cfg.cost_profile_dir, self.cost_identity,
                                                              cfg.max_batch_size)
-            loaded = cost_profile.load_cached(self.cost_profile_path, self.cost_identity, runtimes.progress)
+            loaded = cost_profile.load_cached(self.cost_profile_path, self.cost_identity, progress)
         if loaded is not None:
             self.cost_table, workers = loaded
             self.cost_identity["model_workers"] = workers  # auto takes the profile's: no second measurement
@@ -105,14 +108,14 @@ class ScoringCore:
         t0 = time.perf_counter()
         try:
             workers = self.cost_identity["model_workers"]
-            self.workers = start_workers(self.cfg, self.repo, workers or None)
+            self.workers = self.runtime.start_workers(self.cfg, self.repo, workers or None)
             # The first run session: the cost table and the seed are measured on what runs under load.
             self.backend = self.workers.runs[0]
             if workers == AUTO_WORKERS:
                 self.cost_identity["model_workers"] = len(self.workers.runs)  # what a saved profile measured
             for _ in range(self.cfg.warmup_rounds):
                 if self.state != WARMING_UP:  # SIGTERM: a long --warmup-rounds must not hold the exit
-                    runtimes.progress("stopped during warm-up")
+                    progress("stopped during warm-up")
                     return
                 for backend in self.workers.sessions():
                     backend.warmup(self.cfg.max_batch_size, self.repo.max_sequence_length)
@@ -122,12 +125,12 @@ class ScoringCore:
             note, warning = threshold_note(self.cfg.liveness_stall_seconds, longest)
             print(note, file=sys.stderr if warning else sys.stdout, flush=True)
             seed = self._work_seed()
-            diff = runtimes.self_check(self.backend, self.repo, self.cfg.precision)
-            runtimes.progress(f"self-check passed: max abs diff {diff:.2e} against the golden scores")
+            diff = self.runtime.self_check(self.backend, self.repo, self.cfg.precision)
+            progress(f"self-check passed: max abs diff {diff:.2e} against the golden scores")
             self._baseline_recompiles = self.backend.recompiles()
         except Exception as e:  # noqa: BLE001 - any load failure means "never ready", said clearly
             self.failure = str(e)
-            runtimes.progress(f"FAILED to start: {e}")
+            progress(f"FAILED to start: {e}")
             self._set_state(FAILED)
             return
         with self._state_lock:
@@ -141,7 +144,7 @@ class ScoringCore:
                                    [self._scorer(b) for b in self.workers.runs], self.metrics,
                                    lone=None if self.workers.lone is None else self._scorer(self.workers.lone))
             self._set_state(SERVING)
-        runtimes.progress(f"ready: SERVING after {time.perf_counter() - t0:.1f} s")
+        progress(f"ready: SERVING after {time.perf_counter() - t0:.1f} s")
 
     def _cost_model(self) -> CostModel | None:
         """The cost table: the profile loaded at start, or measured now (and saved with --cost-profile).
@@ -159,11 +162,11 @@ class ScoringCore:
                 return time.perf_counter() - t
 
             self.cost_table, spent = cost_profile.measure(run, self.cfg.max_batch_size, self.repo.max_sequence_length,
-                                                          self.cfg.cost_profile_seconds, runtimes.progress)
+                                                          self.cfg.cost_profile_seconds, progress)
             self._save_cost_profile(spent)
         else:
-            runtimes.progress(f"cost profile loaded from {self.cost_profile_path}")
-        runtimes.progress(cost_profile.describe(self.cost_table))
+            progress(f"cost profile loaded from {self.cost_profile_path}")
+        progress(cost_profile.describe(self.cost_table))
         return CostModel(self.cost_table)
 
     def _save_cost_profile(self, spent: float) -> None:
@@ -178,9 +181,9 @@ class ScoringCore:
             if path == self.cfg.cost_profile:
                 raise  # the operator named this file: not writing it is a failed start
             # A read-only home (a container) costs the next start a measurement, not this one its start.
-            runtimes.progress(f"cost profile: cannot cache it at {path}: {e}; serving without saving it")
+            progress(f"cost profile: cannot cache it at {path}: {e}; serving without saving it")
             return
-        runtimes.progress(f"cost profile saved to {path}")
+        progress(f"cost profile saved to {path}")
 
     def _work_seed(self) -> float:
         """Admission's first rate (core/admission.py), model microseconds per token: one batch of

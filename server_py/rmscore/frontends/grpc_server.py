@@ -22,6 +22,7 @@ from rmscore.frontends.drain import Drain
 from rmscore.frontends import reflection_v1
 from rmscore.frontends.memory import start_trimming
 from rmscore.frontends.model_info import model_info
+from rmscore.runtimes.workers import RUNTIME
 
 SERVICE = reward_pb2.DESCRIPTOR.services_by_name["RewardModel"].full_name
 TRUNC = {reward_pb2.TRUNCATION_NONE: "none", reward_pb2.TRUNCATION_LEFT: "left",
@@ -212,7 +213,7 @@ def transport_limit_options(cfg: ServeConfig) -> list[tuple[str, int]]:
 
 
 async def serve(cfg: ServeConfig) -> int:
-    core = ScoringCore(cfg)
+    core = ScoringCore(cfg, RUNTIME)
     limit = cfg.max_request_bytes
     interceptors = [TokenCheck(cfg.auth_token, core)] if cfg.auth_token else []
     server = grpc.aio.server(interceptors=interceptors, options=[("grpc.max_receive_message_length", limit),

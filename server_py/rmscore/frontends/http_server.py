@@ -28,6 +28,7 @@ from rmscore.frontends.drain import Drain
 from rmscore.frontends.http_errors import VLLM_PATHS, error_response, refusal, vllm_error_response
 from rmscore.frontends.memory import start_trimming
 from rmscore.frontends.model_info import model_info
+from rmscore.runtimes.workers import RUNTIME
 
 
 class SequenceIn(BaseModel):
@@ -86,7 +87,8 @@ def _drop_tracebacks(exc: BaseException) -> None:
         exc = exc.__cause__ or exc.__context__
 
 
-def create_app(core: ScoringCore) -> FastAPI:
+def create_app(core: ScoringCore, chat_template=None) -> FastAPI:
+    """The FastAPI app over `core`; `chat_template`: the compiled --chat-template of the framework routes."""
     app = FastAPI(title="rmscore", description="Reward-model scoring (same contract as the gRPC servers)")
     app.router.route_class = json_body.route_class()  # large bodies decode off the event loop
 
@@ -176,15 +178,15 @@ def create_app(core: ScoringCore) -> FastAPI:
     async def metrics():
         return Response(generate_latest(core.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    register_framework_routes(app, core)
+    register_framework_routes(app, core, chat_template)
     return app
 
 
-def register_framework_routes(app: FastAPI, core: ScoringCore) -> None:
+def register_framework_routes(app: FastAPI, core: ScoringCore, chat_template=None) -> None:
     """The routes trainers' own clients speak (docs/frameworks/): OpenRLHF's POST /get_reward and
     vLLM's pooling API (POST /classify, /score, /pooling), beside rmscore's own."""
     encoder = reward_text.Encoder(core.tokenizer_json, core.repo.max_sequence_length, core.cfg.strip_strings,
-                                  core.cfg.chat_template_compiled)
+                                  chat_template)
     openrlhf.register(app, core, encoder)
     vllm_api.register(app, core, encoder)
 
@@ -424,8 +426,9 @@ class _DrainingServer(uvicorn.Server):
 
 
 def run(cfg: ServeConfig) -> int:
-    core = ScoringCore(cfg)
-    app = create_app(core)
+    chat_template = reward_text.chat_template(cfg)  # a bad --chat-template refuses the start before any loading
+    core = ScoringCore(cfg, RUNTIME)
+    app = create_app(core, chat_template)
     # IPPROTO_TCP, not the default 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on
     # sockets whose proto says TCP, and accepted sockets inherit it. With proto 0, uvicorn's two
     # writes per response (headers, body) met the client's delayed ACK: +40 ms on every request.

@@ -34,11 +34,11 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict
 
 from rmscore.core.errors import ScoreError, invalid
+from rmscore.core.runtime import progress
 from rmscore.core.validation import SeqInput, check_unicode
 from rmscore.core.scoring import ScoringCore
 from rmscore.frontends.http_errors import refusal
 from rmscore.frontends.reward_text import Encoder, split_query
-from rmscore.runtimes import progress
 
 FORMAT_METRIC = "rmscore_get_reward_sequences_total"
 #: At most one "scored as one segment" log line per this many seconds (0.9.1+ sends one query per request).

@@ -9,7 +9,8 @@ per-server options (core/config.py, "framework text") bring it to the reward mod
 - `--chat-template FILE|model`: a (prompt, response) pair is rendered with the reward model's own
   chat template as a user and an assistant message, then tokenized as one text without added
   special tokens (the template writes its own); `model` takes `chat_template` from the model
-  repository's hf/tokenizer_config.json.
+  repository's hf/tokenizer_config.json. The HTTP server compiles it as it starts (`chat_template`),
+  before the model loads: the config holds the flag, not the template.
 
 A pair without a template is `encode(prompt, response)`, the same as the /rmscore/v1/score text path.
 """
@@ -17,6 +18,8 @@ A pair without a template is `encode(prompt, response)`, the same as the /rmscor
 from __future__ import annotations
 
 import pathlib
+
+from rmscore.core.config import ConfigError, ServeConfig
 
 #: The shortest tail of a prompt that counts as "the prompt, cut from the left" in a query: shorter
 #: tails (a word, a space) would match by chance anywhere.
@@ -53,6 +56,17 @@ def compile_chat_template(text: str):
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
     return env.from_string(text)
+
+
+def chat_template(cfg: ServeConfig):
+    """The compiled template of `--chat-template`, or None without one; ConfigError, worded as the
+    config's own flag errors, when it cannot be read or is not a template."""
+    if cfg.chat_template is None:
+        return None
+    try:
+        return compile_chat_template(load_chat_template(cfg.chat_template, cfg.model))
+    except Exception as e:  # noqa: BLE001 - unreadable or not a template: said with the value
+        raise ConfigError(f"--chat-template: not a usable chat template ({e}), got {cfg.chat_template!r}") from None
 
 
 def split_query(query: str, prompt: str | None) -> tuple[str, str] | None:

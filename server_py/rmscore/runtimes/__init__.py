@@ -2,17 +2,16 @@
 
 Each backend loads from the model repository, warms up with progress output,
 and self-checks against the manifest's golden scores before the server may
-report SERVING.
+report SERVING. The interface (`Backend`) is the core's (core/runtime.py): the
+runtimes implement it, and the core never imports them.
 """
 
 from __future__ import annotations
 
-import time
-from typing import Protocol
-
 import numpy as np
 
 from rmscore.core.config import ServeConfig
+from rmscore.core.runtime import Backend
 from rmscore.model.repository import ModelRepo
 from rmscore.model.padding import pad_batch
 
@@ -23,16 +22,6 @@ TOLERANCE = {"eager": 1e-5, "onnxruntime": 1e-5,
 # Reduced-precision autocast against fp32 eager, in reward units (the default head has std 1).
 # Measured on the default model on CPU: bf16 1.5e-2, fp16 2.1e-3.
 AUTOCAST_TOLERANCE = {"bf16": 5e-2, "fp16": 1e-2}
-
-
-class Backend(Protocol):
-    name: str
-
-    def score(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray: ...
-
-    def warmup(self, max_batch_size: int, max_sequence_length: int) -> None: ...
-
-    def recompiles(self) -> int: ...
 
 
 class SelfCheckError(RuntimeError):
@@ -62,7 +51,3 @@ def self_check(backend: Backend, repo: ModelRepo, precision: str) -> float:
         raise SelfCheckError(f"self-check: {backend.name} {precision} scores differ from the golden scores by "
                              f"{diff:.3e}, over the tolerance {tol:.0e}; refusing to serve")
     return diff
-
-
-def progress(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)

@@ -6,7 +6,7 @@ import numpy as np
 
 from rmscore.core.config import ServeConfig
 from rmscore.model.repository import ModelRepo
-from rmscore.runtimes import progress
+from rmscore.core.runtime import progress
 
 LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
           "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}

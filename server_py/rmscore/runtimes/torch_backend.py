@@ -8,9 +8,9 @@ import numpy as np
 import torch
 
 from rmscore.core.config import ServeConfig
+from rmscore.core.runtime import progress
 from rmscore.model.repository import ModelRepo
 from rmscore.model.modeling import RewardModule, inspect_checkpoint, load_hf_model
-from rmscore.runtimes import progress
 
 _threads_set = False
 

@@ -22,8 +22,9 @@ import time
 import numpy as np
 
 from rmscore.core.config import ELASTIC_WORKERS, ServeConfig
+from rmscore.core.runtime import Backend, Runtime, Workers, progress
 from rmscore.model.repository import ModelRepo
-from rmscore.runtimes import Backend, create, progress
+from rmscore.runtimes import create, self_check
 
 #: The batch `auto` times: a mid-sized, mid-length batch of a trainer's load.
 PROBE_SHAPE = (8, 128)
@@ -37,24 +38,6 @@ def candidates(intra_op_threads: int) -> list[int]:
         out.append(w)
         w *= 2
     return out
-
-
-@dataclasses.dataclass
-class Workers:
-    """What a server scores with. `runs`: one session per batcher thread (the same one may be listed
-    more than once: shared); `lone`: the session for a batch that starts while no other runs and no
-    other waits, with every intra-op thread; None when the runs' sessions have them already."""
-
-    runs: list[Backend]
-    lone: Backend | None = None
-
-    def sessions(self) -> list[Backend]:
-        """Each distinct session once, `runs` first: what is warmed up."""
-        out: list[Backend] = []
-        for b in [*self.runs, *([self.lone] if self.lone is not None else [])]:
-            if all(b is not o for o in out):
-                out.append(b)
-        return out
 
 
 def elastic_applies(cfg: ServeConfig) -> bool:
@@ -148,3 +131,7 @@ def _use_threads(backend: Backend) -> None:
     if use is not None:
         use()
 
+
+#: What the front ends' runners hand ScoringCore (core/runtime.py): these workers, self-checked
+#: against the golden scores.
+RUNTIME = Runtime(start_workers, self_check)
