@@ -7,9 +7,11 @@ The server is the default-flag one the client tests share (test_client.shared_se
 
 from __future__ import annotations
 
+import base64
 import math
 
 import httpx
+import numpy as np
 import pytest
 
 from test_client import HTTP_KIND, assert_scores, local_tokenizer, ort_scores, shared_server
@@ -160,3 +162,33 @@ def test_truncate_prompt_tokens_as_vllm(http):
     r = http.post("/classify", json={"input": "x", "truncate_prompt_tokens": 513})
     assert r.status_code == 400 and "max_model_len (512)" in r.json()["error"]["message"]
 
+
+
+def test_fields_vllm_honours_or_refuses_are_not_ignored(http):
+    """Before: dimensions, normalize, encoding_format, priority and task were accepted and ignored.
+    vLLM (0235532e: pooling_params.py verify, pooling/base/protocol.py) refuses or honours each."""
+    text = "a short text to score"
+    (want,) = ort_scores([local_tokenizer().encode(text).ids])
+    # encoding_format base64: the float32 bytes of `data`, base64 (native order is little here).
+    r = http.post("/pooling", json={"input": text, "encoding_format": "base64", "use_activation": False})
+    assert r.status_code == 200, r.text
+    (got,) = np.frombuffer(base64.b64decode(r.json()["data"][0]["data"]), dtype="<f4")
+    assert_scores([float(got)], [want])
+    r = http.post("/pooling", json={"input": text, "encoding_format": "base64", "embed_dtype": "float16",
+                                    "endianness": "big", "use_activation": False})
+    (got,) = np.frombuffer(base64.b64decode(r.json()["data"][0]["data"]), dtype=">f2")
+    assert abs(float(got) - want) <= 1e-3 * max(1.0, abs(want))
+    # The deprecated spelling of use_activation is read, as vLLM's get_use_activation reads it.
+    r = http.post("/classify", json={"input": text, "softmax": False})
+    assert_scores(r.json()["data"][0]["probs"], [want])
+    # Refused as vLLM refuses them, in its error shape.
+    for path, body, field in [("/pooling", {"dimensions": 8}, "dimensions"),
+                              ("/pooling", {"normalize": True}, "normalize"),
+                              ("/pooling", {"task": "embed"}, "task"),
+                              ("/pooling", {"encoding_format": "bytes"}, "encoding_format"),
+                              ("/classify", {"priority": 3}, "priority"),
+                              ("/score", {"text_1": "a", "text_2": "b", "priority": -1}, "priority")]:
+        r = http.post(path, json={"input": text, **body})
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["code"] == 400 and field in err["message"] + str(err["param"]), \
+            (path, body, r.text)

@@ -18,6 +18,8 @@ ignored, as vLLM's OpenAIBaseModel does. What differs, on purpose:
   stops training; `truncate_prompt_tokens` cuts to that many tokens on `truncation_side`, else on the
   tokenizer's side (its tokenizer_config.json; right by default), as vLLM does, and a value above the
   model's maximum is refused (400), as vLLM does;
+- what vLLM refuses is refused, what it honours is honoured (VllmRoutes.check_params: priority,
+  softmax/activation, and on /pooling normalize, dimensions, task, encoding_format base64);
 - errors have vLLM's shape, `{"error": {"message", "type", "param", "code"}}`, and a bad request is
   400 as there (http_errors.py, VLLM_PATHS); overload and not-ready keep rmscore's 429 and 503.
 Text goes through reward_text.Encoder, so --strip-string and --chat-template apply here too.
@@ -26,12 +28,14 @@ Text goes through reward_text.Encoder, so --strip-string and --chat-template app
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import math
 import time
 import uuid
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -64,7 +68,14 @@ class ClassifyIn(_VllmRequest):
 
 
 class PoolingIn(ClassifyIn):
+    """PoolingCompletionRequest / PoolingChatRequest: also EmbedRequestMixin's fields, checked as
+    PoolingParams.verify checks them for the classify task, and its encoding of the output."""
+
     task: str | None = None
+    dimensions: int | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    endianness: Literal["native", "little", "big"] = "native"
 
 
 class TokenizeIn(BaseModel):
@@ -144,6 +155,49 @@ class VllmRoutes:
         # truncate_prompt_tokens without truncation_side cuts on the tokenizer's side, as vLLM does
         # (Hugging Face's default: right).
         self.truncation_side = tok_cfg.get("truncation_side") or "right"
+
+    @staticmethod
+    def check_params(body: _VllmRequest) -> None:
+        """What vLLM refuses rather than ignores on these routes (vllm-project/vllm at 0235532e,
+        pooling_params.py verify and base/protocol.py): a non-zero `priority` without priority
+        scheduling; on /pooling the removed `normalize` and task names, and `dimensions`,
+        `step_tag_id` or `returned_token_ids` (the classify task takes only `use_activation`).
+        The deprecated `softmax` / `activation` stand in for `use_activation`, as get_use_activation
+        reads them."""
+        extra = body.model_extra or {}
+        if body.priority != 0:
+            raise invalid(f"priority: got priority {body.priority} but priority scheduling is not enabled")
+        if body.use_activation is None:
+            for old in ("softmax", "activation"):
+                if isinstance(extra.get(old), bool):
+                    body.use_activation = extra[old]
+                    break
+        if not isinstance(body, PoolingIn):
+            return
+        if "normalize" in extra:
+            raise invalid("normalize: Parameter `normalize` was removed; use `use_activation` instead.")
+        if body.task not in (None, "classify"):
+            raise invalid(f"task: {body.task!r} is not supported by this reward model, which serves 'classify'")
+        unsupported = [k for k in ("dimensions", "step_tag_id", "returned_token_ids")
+                       if (getattr(body, k, None) if k == "dimensions" else extra.get(k)) is not None]
+        if unsupported:
+            raise invalid(f"{unsupported[0]}: Task classify only supports ['use_activation'] parameters, "
+                          f"does not support {unsupported} parameters")
+
+    @staticmethod
+    def encode(body: PoolingIn, values: list[float]) -> list[float] | str:
+        """/pooling's `data`: the floats, or with encoding_format base64 their bytes in embed_dtype
+        and endianness, base64-encoded, as vLLM's serial_utils encodes a tensor."""
+        if body.encoding_format == "float":
+            return values
+        order = {"native": "=", "little": "<", "big": ">"}[body.endianness]
+        x = np.asarray(values, dtype=np.float32)
+        if body.embed_dtype == "bfloat16":  # the upper half of a float32, rounded to nearest even
+            bits = x.view(np.uint32)
+            raw = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.dtype(f"{order}u2"))
+        else:
+            raw = x.astype(np.dtype(f"{order}{'f4' if body.embed_dtype == 'float32' else 'f2'}"))
+        return base64.b64encode(raw.tobytes()).decode("ascii")
 
     def check_truncation(self, body: _VllmRequest) -> None:
         """vLLM refuses a truncate_prompt_tokens above the model's maximum (400)."""
@@ -249,6 +303,7 @@ def register(app: FastAPI, core: ScoringCore, encoder: Encoder) -> None:
     async def per_input(body: ClassifyIn, request: Request, prefix: str, item) -> dict:
         """/classify and /pooling: one `item(index, reward)` per input (text, ids or the conversation)."""
         async def work():
+            routes.check_params(body)
             special = body.add_special_tokens if body.add_special_tokens is not None else body.messages is None
             rewards, n = await routes.score(routes.inputs(body), body, special)
             return routes.envelope(prefix, [item(i, r) for i, r in enumerate(rewards)], n, request)
@@ -262,6 +317,7 @@ def register(app: FastAPI, core: ScoringCore, encoder: Encoder) -> None:
     @app.post("/score")
     async def score(body: ScoreIn, request: Request):
         async def work():
+            routes.check_params(body)
             pairs = [routes.encoder.strip_pair(p) for p in _pairs(*body.sides())]
             rewards, n = await routes.score(pairs, body)
             data = [{"index": i, "object": "score", "score": routes.activation(body, r)}
@@ -274,7 +330,7 @@ def register(app: FastAPI, core: ScoringCore, encoder: Encoder) -> None:
         # vLLM pools a sequence classifier with its "classify" task: the activation applies unless
         # use_activation is false (PoolingParams' default for classify is true).
         return await per_input(body, request, "pooling", lambda i, r: {
-            "index": i, "object": "pooling", "data": [routes.activation(body, r)]})
+            "index": i, "object": "pooling", "data": routes.encode(body, [routes.activation(body, r)])})
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeIn):
