@@ -13,6 +13,16 @@ grpc::Status CheckTokens(const v1::TokenIds& tokens, v1::Truncation truncation, 
                          const std::string& prefix, SeqView* out) {
   const auto& ids = tokens.ids();
   if (ids.empty()) return Invalid(prefix + ".tokens.ids: empty sequence");
+  // Refused before anything looks at its ids: a sequence is held (SeqView points into its message)
+  // until answered, so one of millions of ids kept whole would hold what admission, which counts
+  // the max_sequence_length ids it runs, never sees (docs/contract.md, "Input bounds").
+  const int64_t most = kInputFactor * limits.max_sequence_length;
+  if (ids.size() > most) {
+    return Invalid(prefix + ".tokens.ids: length " + std::to_string(ids.size()) + " exceeds " +
+                   std::to_string(most) + ", the most a sequence may send even with truncation (" +
+                   std::to_string(kInputFactor) + " x max_sequence_length " +
+                   std::to_string(limits.max_sequence_length) + "); cut it before sending");
+  }
   for (int j = 0; j < ids.size(); ++j) {
     if (ids[j] < 0 || ids[j] >= limits.vocab_size) {
       return Invalid(prefix + ".tokens.ids[" + std::to_string(j) + "]: token id " + std::to_string(ids[j]) +

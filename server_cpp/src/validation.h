@@ -13,6 +13,11 @@
 
 namespace rmscore {
 
+// The most token ids one sequence may send, as a multiple of max_sequence_length: truncation keeps
+// max_sequence_length of them, and a longer input is refused rather than held whole (the same in
+// server_py/rmscore/core/validation.py INPUT_FACTOR).
+inline constexpr int64_t kInputFactor = 64;
+
 struct Limits {
   int64_t vocab_size = 0;
   int64_t max_sequence_length = 0;

@@ -115,6 +115,10 @@ def test_truncation_cuts_the_named_side(server, call, reference):
     left, right = call.score(tokens([long]), "left")[0], call.score(tokens([long]), "right")[0]
     want = reference([long[-MAX_LEN:], long[:MAX_LEN]])
     assert abs(left - want[0]) <= 1e-4 and abs(right - want[1]) <= 1e-4
+    # The longest input truncation takes: 64 x max_sequence_length ids (docs/contract.md, Input bounds).
+    longest = long * (64 * MAX_LEN // len(long)) + long[:64 * MAX_LEN % len(long)]
+    assert len(longest) == 64 * MAX_LEN
+    assert abs(call.score(tokens([longest]), "left")[0] - reference([longest[-MAX_LEN:]])[0]) <= 1e-4
 
 
 def test_text_input(server, call):
@@ -144,6 +148,10 @@ BAD = [
     ("huge id", [{"tokens": [2**62]}], "none", r"token id 4611686018427387904 is outside"),
     ("too long", [{"tokens": [7] * (MAX_LEN + 1)}], "none",
      rf"^sequences\[0\]: length {MAX_LEN + 1} exceeds max_sequence_length {MAX_LEN} \(set truncation"),
+    # Refused even with truncation, not held whole until answered (before: kept whole while queued).
+    ("longer than truncation may cut", [{"tokens": [7] * (64 * MAX_LEN + 1)}], "left",
+     rf"^sequences\[0\]\.tokens\.ids: length {64 * MAX_LEN + 1} exceeds {64 * MAX_LEN}, the most a sequence may "
+     rf"send even with truncation \(64 x max_sequence_length {MAX_LEN}\)"),
     ("too many", [{"tokens": [7]}] * (FLAGS["max_sequences_per_request"] + 1), "none",
      rf"^sequences: {FLAGS['max_sequences_per_request'] + 1} sequences exceed max_sequences_per_request"),
     ("mixed kinds", [{"tokens": [7]}, {"prompt": "a", "response": "b"}], "none",

@@ -161,8 +161,13 @@ def corpus(limits: Limits, model_dir: pathlib.Path = DEFAULT_MODEL_DIR) -> list[
     both("one past max length", [T([1037] * (L + 1))],
          invalid(rf"^sequences\[0\]: length {L + 1} exceeds max_sequence_length {L} \(set truncation to cut it\)$"))
     n_big = min(1_000_000, limits.max_request_bytes // 4)
-    both("1M ids, no truncation", [T([7] * n_big)],
-         invalid(rf"^sequences\[0\]: length {n_big} exceeds max_sequence_length {L}"))
+    # Past 64 x max_sequence_length a sequence is refused before its ids are read, truncation or not.
+    for trunc in ("none", "left"):
+        both(f"1M ids, truncation {trunc}", [T([7] * n_big)],
+             invalid(rf"^sequences\[0\]\.tokens\.ids: length {n_big} exceeds {64 * L}, the most a sequence may "
+                     rf"send even with truncation"), trunc)
+    both("64 x max length, truncation left", [T([1037] * (64 * L - len(gids[longest])) + gids[longest])],
+         ok(gscores[longest], tol=1e-4), "left", note="the longest input truncation takes")
     g = gids[longest]
     both("too long, truncation left", [T([1037] * 100 + g)], ok(gscores[longest], tol=1e-4), "left",
          note="left keeps the last max_sequence_length ids: exactly a golden sequence")

@@ -23,6 +23,13 @@ class SeqInput:
     text: tuple[str, str] | None = None
 
 
+#: The most token ids one sequence may send, as a multiple of max_sequence_length: truncation keeps
+#: max_sequence_length of them, and a longer input is refused before it is copied or queued, since a
+#: request is held until answered while admission counts only the ids it runs (the same in
+#: server_cpp/src/validation.h kInputFactor; docs/contract.md, "Input bounds").
+INPUT_FACTOR = 64
+
+
 @dataclass(frozen=True)
 class Limits:
     max_sequence_length: int
@@ -73,6 +80,11 @@ class Validator:
     def _ids(self, tokens: Sequence[int], where: str) -> list[int]:
         if len(tokens) == 0:
             raise invalid(f"{where}.tokens.ids: empty sequence")
+        m = self.limits.max_sequence_length
+        if len(tokens) > INPUT_FACTOR * m:
+            raise invalid(f"{where}.tokens.ids: length {len(tokens)} exceeds {INPUT_FACTOR * m}, the most a sequence "
+                          f"may send even with truncation ({INPUT_FACTOR} x max_sequence_length {m}); cut it "
+                          "before sending")
         vocab = self.limits.vocab_size
         # One list first: a protobuf repeated field makes a new int object for every id on every
         # pass, so min, max and a copy over it cost three times one list. min and max are then C
