@@ -1,7 +1,7 @@
 // Liveness (liveness.h): the stall clock with times passed in, the verdict and its log lines, the
 // scrape-time gauge, the flag, the fault-injection hook, and the batcher telling the clock. No sleeping:
 // times are injected and model runs are held by a promise. Each case has a namesake in
-// tests/unit/test_liveness.py (the Python twin), and the other way round.
+// tests/unit/test_stall_clock.py (the Python twin), and the other way round.
 #include <gtest/gtest.h>
 
 #include <atomic>
