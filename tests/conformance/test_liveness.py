@@ -18,7 +18,6 @@ import threading
 import time
 
 import grpc
-import httpx
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -41,23 +40,12 @@ def server(request):
     s.stop()
 
 
-class Probes:
+class Probes(servers.HealthProbe):
     """Liveness and readiness as the kind's own probes ask them, and the stall gauge."""
-
-    def __init__(self, server: servers.RunningServer):
-        self.server = server
-        if server.transport == "grpc":
-            self.channel = grpc.insecure_channel(server.target)
-            self.stub = health_pb2_grpc.HealthStub(self.channel)
-        else:
-            self.http = httpx.Client(base_url=server.base_url, timeout=5)
-
-    def _check(self, service: str) -> str:
-        return STATUS(self.stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status)
 
     def live(self) -> str:
         if self.server.transport == "grpc":
-            return self._check("liveness")
+            return self.check("liveness")
         r = self.http.get("/livez")
         assert r.status_code in (200, 503), r.text
         assert r.json()["liveness_stall_seconds"] == THRESHOLD_S
@@ -65,7 +53,7 @@ class Probes:
 
     def ready(self) -> str:
         if self.server.transport == "grpc":
-            return self._check("")
+            return self.check("")
         return "SERVING" if self.http.get("/readyz").status_code == 200 else "NOT_SERVING"
 
     def stalled_s(self) -> float:
@@ -78,10 +66,6 @@ class Probes:
         s = self.server
         args = ["grpc", s.target, "--service", "liveness"] if s.transport == "grpc" else ["http", f"{s.base_url}/livez"]
         return subprocess.run([sys.executable, str(HEALTHCHECK), *args], capture_output=True, timeout=30).returncode
-
-    def close(self) -> None:
-        self.channel.close() if self.server.transport == "grpc" else self.http.close()
-
 
 class Watcher:
     """gRPC Health.Watch("liveness") on a thread of its own: every status the server streams."""

@@ -18,7 +18,7 @@ import grpc
 import httpx
 import numpy as np
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 import servers
 from harness import GOLDEN_IDS, GOLDEN_SCORES, CallError, Caller
@@ -36,16 +36,8 @@ FIRST_ANSWER_WITHIN_S = 30
 EXIT_WITHIN_S = 30
 
 
-class Health:
+class Health(servers.HealthProbe):
     """Readiness as the kind's own probe reports it: gRPC Health.Check (both names), or HTTP /readyz."""
-
-    def __init__(self, server: servers.RunningServer):
-        self.server = server
-        if server.transport == "grpc":
-            self.channel = grpc.insecure_channel(server.target)
-            self.stub = health_pb2_grpc.HealthStub(self.channel)
-        else:
-            self.http = httpx.Client(base_url=server.base_url, timeout=5)
 
     def status(self) -> str | None:
         """"SERVING" / "NOT_SERVING", or None while nothing answers yet (HTTP: uvicorn binds the
@@ -72,12 +64,8 @@ class Health:
         """Liveness (docs/contract.md): gRPC health "liveness", or HTTP /livez. Not readiness: a server
         warming up or draining is alive."""
         if self.server.transport == "grpc":
-            r = self.stub.Check(health_pb2.HealthCheckRequest(service="liveness"), timeout=5)
-            return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+            return self.check("liveness")
         return "SERVING" if self.http.get("/livez").status_code == 200 else "NOT_SERVING"
-
-    def close(self) -> None:
-        self.channel.close() if self.server.transport == "grpc" else self.http.close()
 
 
 def first_answer(health: Health, server: servers.RunningServer) -> str:

@@ -185,7 +185,7 @@ def test_prometheus_scrapes_every_server(stack):
     assert all(m.get("device") == "cpu" for m in labelled.values()), labelled
 
 
-def test_locust_users_score_every_server_at_once_without_errors(stack, tmp_path):
+def test_locust_users_score_every_server_at_once_without_errors(stack):
     # One user per kind. --stop-timeout: rollouts in flight at the time limit finish and count, since
     # on two cores shared by five servers the eager kind's first rollout outlasts a 20 s window.
     r = stack("run", "--rm", "--no-deps", "-T", "locust", "locust", "-f", "loadtest/rlhf_client.py", "--headless",

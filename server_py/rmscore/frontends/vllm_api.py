@@ -178,8 +178,9 @@ class VllmRoutes:
             raise invalid("normalize: Parameter `normalize` was removed; use `use_activation` instead.")
         if body.task not in (None, "classify"):
             raise invalid(f"task: {body.task!r} is not supported by this reward model, which serves 'classify'")
-        unsupported = [k for k in ("dimensions", "step_tag_id", "returned_token_ids")
-                       if (getattr(body, k, None) if k == "dimensions" else extra.get(k)) is not None]
+        given = {"dimensions": body.dimensions, "step_tag_id": extra.get("step_tag_id"),
+                 "returned_token_ids": extra.get("returned_token_ids")}
+        unsupported = [k for k, v in given.items() if v is not None]
         if unsupported:
             raise invalid(f"{unsupported[0]}: Task classify only supports ['use_activation'] parameters, "
                           f"does not support {unsupported} parameters")
