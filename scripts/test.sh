@@ -4,7 +4,7 @@
 #   bash scripts/test.sh [TIER] [pytest arguments]
 #
 # TIER (tests/conftest.py says what each holds):
-#   unit          Python unit tests, no server and no model needed (under 2 minutes); the C++ unit
+#   unit          Python unit tests, no server and no model needed; the C++ unit
 #                 tests too when the C++ build is there
 #   conformance   the contract on every server kind
 #   integration   client, adapters, benchmark, load test, faults, export parity, bounded fuzzing

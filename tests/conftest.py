@@ -1,4 +1,4 @@
-"""Tiers: unit/ (no server, seconds), conformance/ (the contract on every server kind),
+"""Tiers: unit/ (no server, no model), conformance/ (the contract on every server kind),
 integration/ (client, benchmark, load, faults, export, fuzzing), deploy/ (compose, images,
 manifests, dashboards and rules with real tools). `bash scripts/test.sh TIER` runs one.
 
