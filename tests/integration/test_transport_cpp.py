@@ -1,4 +1,5 @@
-"""Transport-level attacks on the C++ gRPC server (issue 20), small enough for CI: one server for the
+"""Transport-level attacks on the C++ gRPC server (gzip bomb, a stream that never reads, grpc-timeout,
+PING flood, rapid reset, SIGTERM at the end of the grace), small enough for CI: one server for the
 module, each attack seconds long. What they guard and the figures at report sizes are in
 docs/hardening.md, "Transport attacks (C++)".
 

@@ -1,4 +1,5 @@
-"""Transport attacks on the Python servers (issue 20, items 4, 5, 6, 7, 8), small and seconds long:
+"""Transport attacks on the Python servers (docs/hardening.md, "Transport attacks (Python)" and "A queue
+bounded by work"), small and seconds long:
 stalled bodies, a stream flooding the queue, long requests flooding it with work, a PING flood, and a
 request with both Content-Length and Transfer-Encoding. The attacks are rmscore_loadtest.reliability.transport's, as in
 `rmscore hardening`. One server per kind for the module; cpp-grpc has its own test module.
@@ -53,12 +54,13 @@ def test_ping_flood_gets_goaway_and_streams_are_bounded(running):
 def test_flooding_stream_leaves_room_for_other_callers(running):
     fig = transport.stream_flood(kind(running, GRPC), items=200_000, seconds=6.0)
     assert fig["stream_answers"] > 0 and fig["stream_end"] == "DEADLINE_EXCEEDED", fig
-    # Before the per-stream bound: 41 of 43 probes failed, 23 by timing out (issue 20).
+    # Before the per-stream bound: 41 of 43 probes failed, 23 by timing out.
     assert fig["probes"] >= 3 and fig["failed"] == 0, fig
 
 
 def test_a_queue_bounded_by_work_answers_probes_or_refuses_them_fast(running):
-    # Before admission by work (issue 20, item 5): 7 of 8 probes timed out behind minutes of queued work.
+    # Before admission by work (docs/hardening.md, "A queue bounded by work"): 7 of 8 probes timed out
+    # behind minutes of queued work.
     fig = transport.work_flood(kind(running, HTTP), senders=4, seconds=3.0)
     assert fig["flood_codes"].get("DEADLINE_EXCEEDED", 0) + fig["flood_codes"].get("RESOURCE_EXHAUSTED", 0) > 0, fig
     assert fig["max_expected_wait_s"] > 2.0, fig  # the flood did fill the queue past a probe's deadline

@@ -1,5 +1,6 @@
-"""The transport-limit flags of issue 20 (server_py/rmscore/core/config.py): checked at start, the
-bad value quoted, and parsed from the command line. The C++ server is to take the same flags."""
+"""The transport-limit flags (server_py/rmscore/core/config.py; docs/hardening.md, "Transport attacks
+(Python)"): checked at start, the bad value quoted, and parsed from the command line. The C++ server is to
+take the same flags."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Large JSON bodies decode on a worker thread, one at a time, so a small request arriving with
-several large ones is not queued behind all their decoding (frontends/json_body.py, issue 20).
+several large ones is not queued behind all their decoding (frontends/json_body.py; the work
+flood of docs/hardening.md, "A queue bounded by work").
 
 Order, not time: a real FastAPI app (httpx's ASGI transport, in process) gets six ~2 MB bodies and
 then a small one, all at once; the order in which the endpoint sees them is recorded. Decoded on

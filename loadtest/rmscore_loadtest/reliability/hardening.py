@@ -138,7 +138,8 @@ def _hostile(server, args, log: _Log) -> dict:
 
 
 def _transport(server, args, log: _Log) -> dict:
-    """The transport attacks of issue 20 (rmscore_loadtest.reliability.transport), one after another."""
+    """The transport attacks (rmscore_loadtest.reliability.transport: stalled bodies, a flooding stream, a
+    work flood, a PING flood, framing), one after another."""
     if getattr(args, "no_transport", False):
         return {"not_run": "--no-transport"}
     from rmscore_loadtest.reliability import transport

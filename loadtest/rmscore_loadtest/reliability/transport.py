@@ -1,8 +1,8 @@
-"""Transport-level attacks on a real, started server (issue 20): stalled bodies, a flooding stream,
-an HTTP/2 PING flood, and framing edge cases. Each returns plain figures, as `faults` does: the
-tests assert on them (tests/integration/test_transport_py.py), `rmscore hardening` reports them.
+"""Transport-level attacks on a real, started server (docs/hardening.md, "Transport attacks"): stalled bodies,
+a flooding stream, an HTTP/2 PING flood, and framing edge cases. Each returns plain figures, as `faults` does:
+the tests assert on them (tests/integration/test_transport_py.py), `rmscore hardening` reports them.
 
-A "probe" is what the issue measured with: a good one-sequence Score on a fresh connection every
+A "probe" is what every attack is judged by: a good one-sequence Score on a fresh connection every
 `interval` s with a 2 s timeout; the goal is that each is answered, or refused in under 100 ms.
 Every attack is on 127.0.0.1, bounded in connections, bytes and seconds.
 """

@@ -1,10 +1,10 @@
 """Admission by expected work: how long the queue will keep the model busy, and who to refuse for it.
 
 `max_queue_sequences` counts sequences, and a sequence of 512 tokens costs ~20x one of 32 here, so
-a full queue can hold minutes of model time while a one-sequence request waits behind it (issue 20,
-item 5). `QueueWork` keeps the real tokens of the queued sequences and a rate, model microseconds
-per real token, learnt from every batch the server runs (an exponential average, so padding and
-batch sizes as this server actually runs them are in it) and seeded by a timed batch at warm-up.
+a full queue can hold minutes of model time while a one-sequence request waits behind it (a work flood:
+docs/hardening.md, "A queue bounded by work"). `QueueWork` keeps the real tokens of the queued sequences and a
+rate, model microseconds per real token, learnt from every batch the server runs (an exponential average, so
+padding and batch sizes as this server actually runs them are in it) and seeded by a timed batch at warm-up.
 The expected wait of a new request is the tokens ahead of it (queued, and in the batches running
 now: a probe arriving as a 1 s batch starts waits that second too) times the rate, shared among the
 model workers. A running batch counts whole until it ends: the estimate errs towards refusing,

@@ -2,10 +2,10 @@
 
 `json.loads` holds the GIL for the whole body: about 14 ms for a 128 x 512-token request (430 KB)
 here. FastAPI decodes a body on the event loop, so when eight clients sent such bodies back to back
-a one-sequence request queued behind their decoding and its answer (a refusal that was itself
-immediate) took 100-250 ms (issue 20's work flood, docs/hardening.md). On one worker thread a big
-body still holds the GIL while it decodes, but only one at a time, and the event loop runs between
-them, so a small request waits for at most one decoding, not for all of them.
+a one-sequence request queued behind their decoding and its answer (a refusal that was itself immediate) took
+100-250 ms (the work flood: docs/hardening.md, "A queue bounded by work"). On one worker thread a big body
+still holds the GIL while it decodes, but only one at a time, and the event loop runs between them, so a small
+request waits for at most one decoding, not for all of them.
 
 The hook is FastAPI's own (a custom `APIRoute` whose `Request.json()` is replaced): FastAPI still
 decides when a body is JSON and maps a decoding error (`json.JSONDecodeError`, `RecursionError`,

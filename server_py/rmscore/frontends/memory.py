@@ -2,9 +2,9 @@
 
 A request body is held in large buffers while it arrives (gRPC core's slices, uvicorn's and
 Starlette's bytes). Freed, they go back to glibc's heap, which keeps them: 40 stalled 15 MiB bodies
-on py-grpc left +600 MiB resident after their clients had gone (issue 20, item 4). malloc_trim(0)
-returns the free pages of every arena; called from a thread every few seconds, it costs
-milliseconds and needs no hook in either transport.
+on py-grpc left +600 MiB resident after their clients had gone (stalled bodies: docs/hardening.md, "Transport
+attacks (Python)"). malloc_trim(0) returns the free pages of every arena; called from a thread every few
+seconds, it costs milliseconds and needs no hook in either transport.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""gRPC server reflection under `grpc.reflection.v1` as well as `v1alpha` (issue 20, item 9).
+"""gRPC server reflection under `grpc.reflection.v1` as well as `v1alpha`
+(docs/hardening.md, "Transport attacks (Python)").
 
 grpcio-reflection (1.85) ships only v1alpha, and current tools (grpcurl >= 1.9, Postman, grpcui) ask
 v1 first. The two protocols differ only in their package name: the messages are the same fields
