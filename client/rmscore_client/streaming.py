@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import grpc
 
 from .errors import DeadlineExceeded, RewardServerError, Unavailable, error_for, from_rpc_error, from_status_number
-from .policy import with_retry
+from .policy import now, with_retry
 
 _DONE = object()  # in `results`: the stream ended well; the caller's items, in `HttpStream.inbox`
 
@@ -44,7 +43,7 @@ class _Stream:
         return self.deadline is not None or self.client.timeout_s is not None
 
     async def run(self) -> AsyncIterator[tuple[Any, Any]]:
-        self.deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        self.deadline = None if self.timeout_s is None else now() + self.timeout_s
         tasks = [asyncio.create_task(c) for c in self._tasks()]
         try:
             while True:
@@ -99,7 +98,7 @@ class _Sent:
     caller_id: Any
     sequence: Any  # its pb.Sequence, kept to re-send it
     attempts: int = 1
-    first_sent: float | None = None  # monotonic; its timeout_s runs from here, across re-sends
+    first_sent: float | None = None  # on the loop clock (policy.now); its timeout_s runs from here, across re-sends
 
 
 class GrpcStream(_Stream):
@@ -158,7 +157,7 @@ class GrpcStream(_Stream):
                 sent = self.pending.get(wid)
                 if sent is not None:
                     if sent.first_sent is None:
-                        sent.first_sent = time.monotonic()
+                        sent.first_sent = now()
                     await call.write(self.pb.ScoreStreamRequest(id=wid, sequence=sent.sequence,
                                                                 truncation=self.truncation))
         except (grpc.RpcError, asyncio.InvalidStateError):
@@ -187,7 +186,7 @@ class GrpcStream(_Stream):
 
     async def _call(self) -> RewardServerError | None:
         """One ScoreStream call, read to its end: None when every item is answered, else why it broke."""
-        left = None if self.deadline is None else self.deadline - time.monotonic()
+        left = None if self.deadline is None else self.deadline - now()
         call = self.client._rpc().ScoreStream(timeout=left, metadata=self.client._metadata)
         writer = asyncio.create_task(self._write(call))
         try:
@@ -230,11 +229,11 @@ class GrpcStream(_Stream):
         limit = self.item_timeout_s
         while True:
             sent = [s.first_sent for s in self.pending.values() if s.first_sent is not None]
-            due = min(sent) + limit if sent else time.monotonic() + limit
+            due = min(sent) + limit if sent else now() + limit
             # At most 1 s between looks: an item sent while this sleeps is due later than `due`.
-            await asyncio.sleep(min(max(due - time.monotonic(), 0.0) + 0.01, 1.0))
+            await asyncio.sleep(min(max(due - now(), 0.0) + 0.01, 1.0))
             late = [s for s in self.pending.values()
-                    if s.first_sent is not None and time.monotonic() - s.first_sent >= limit]
+                    if s.first_sent is not None and now() - s.first_sent >= limit]
             if late:
                 self.results.put_nowait(_Fail(DeadlineExceeded(
                     "DEADLINE_EXCEEDED", f"stream: no score for item {late[0].caller_id!r} within {limit} s "
@@ -293,7 +292,7 @@ class HttpStream(_Stream):
         self.results.put_nowait(_DONE)
 
     def _left(self) -> float | None:
-        return None if self.deadline is None else max(self.deadline - time.monotonic(), 1e-3)
+        return None if self.deadline is None else max(self.deadline - now(), 1e-3)
 
     async def _score(self, batch: list[tuple[Any, list[int]]]) -> None:
         client = self.client
