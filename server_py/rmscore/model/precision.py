@@ -144,7 +144,7 @@ def ranking_figures(ref, cand, pairs: list[tuple[int, int]]) -> dict:
 
 
 # ---- int8 recipes -------------------------------------------------------------------------------
-# Measured on the default model (docs/precision.md): dynamic per-tensor int8 orders 18% of the
+# Measured on the default model (docs/bench/precision-int8_2026-12-03.md): dynamic per-tensor int8 orders 18% of the
 # held-out pairs differently from fp32; the recipes below are the variants that were tried.
 INT8_RECIPES = ("dynamic", "dynamic-per-channel", "dynamic-per-channel-keep-ends", "static-per-channel",
                 "weight-only-8bit")
