@@ -158,7 +158,7 @@ def test_a_stream_that_never_reads_is_held_back(server):
     assert grew < 32, f"RSS grew {grew:.0f} MiB"
     # Probes were refused "queue full" before. Their times are not judged here: this process's stream
     # thread competes with the probes for the GIL and the machine's 2 shared cores, so a probe can
-    # miss its 2 s deadline on the client's side (docs/hardening.md has the figures).
+    # miss its 2 s deadline on the client's side (docs/bench/transport_2026-12-03.md has the figures).
     codes = [p[0] for p in sampler.probes]
     assert "RESOURCE_EXHAUSTED" not in codes and codes.count("OK") * 2 >= len(codes) >= 3, sampler.probes
 

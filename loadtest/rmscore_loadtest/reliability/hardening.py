@@ -7,7 +7,9 @@
 Per kind, one server serves overload, cancel, the hostile corpus and the soak; it is then SIGKILLed
 mid-rollout and restarted on its port, and the restarted one is drained with SIGTERM (so a slow
 warm-up, the compile kind's, is paid twice). Writes OUT/results.json, OUT/report.md, OUT/*.png and
-the figures section of docs/hardening.md (between its marker comments; the prose stays). The
+the figures section of --doc (between its marker comments, appended when it has none; the prose
+stays). docs/hardening.md, the default, is reference and has none: pass --doc '' and file the run
+under docs/bench/. The
 servers run on 127.0.0.1 (rmscore.tools.launch.start), plaintext and without an auth token.
 """
 

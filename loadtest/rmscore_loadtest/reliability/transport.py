@@ -326,7 +326,7 @@ def work_flood(server, *, senders: int = 8, seqs: int = 128, length: int = 512, 
     flood's first request into an idle server is admitted (nothing is ahead of it) and batched with
     the flood's 512-token sequences; the planner keeps that batch inside the probe's deadline by the
     measured rate (docs/batching.md, step 2b), which a machine slowing down under it can still
-    defeat (docs/hardening.md has both figures)."""
+    defeat (docs/bench/work_flood_2026-12-04.md has both figures)."""
     import random
 
     rng = random.Random(7)
