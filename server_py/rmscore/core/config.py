@@ -162,6 +162,17 @@ class ServeConfig:
             check(not value or self.transport == "http", flag,
                   "applies to the HTTP server's framework routes only; add --transport http", value)
     # ---- end of framework text ----
+    # ---- text bounds (issue 29; Python kinds: the C++ server takes token ids only) ----
+    #: The most characters a prompt, response, query or input text may have; a longer one is refused
+    #: INVALID_ARGUMENT before anything is tokenized. None: 256 x the model's max_sequence_length
+    #: (core/tokenizing.py default_max_text_chars; 131072 for a 512-token model).
+    max_text_chars: int | None = None
+
+    def _check_text_bounds(self, check) -> None:
+        check(self.max_text_chars is None or (type(self.max_text_chars) is int and self.max_text_chars >= 1),
+              "max-text-chars", "must be an integer >= 1 (default: 256 x the model's max_sequence_length)",
+              self.max_text_chars)
+    # ---- end of text bounds ----
     # Transport limits (issue 20; same flags in the C++ server).
     #: HTTP/2 streams one connection may have open at once (gRPC's max_concurrent_streams).
     max_concurrent_streams: int = 100
@@ -228,6 +239,7 @@ class ServeConfig:
         check((self.model / "manifest.json").is_file(), "model",
               "must be a model repository with manifest.json (create one with `rmscore export`)", str(self.model))
         self._check_text(check)
+        self._check_text_bounds(check)
 
     def _check_transport_limits(self, check) -> None:
         for flag, value in (("max-concurrent-streams", self.max_concurrent_streams),
@@ -328,6 +340,9 @@ def _add_text_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-template", default=None, metavar="FILE|model",
                    help="render prompt/response pairs of those routes with this chat template "
                         "(model: the model repository's own)")
+    p.add_argument("--max-text-chars", type=int, default=None, metavar="N",
+                   help="refuse a text longer than N characters before tokenizing it "
+                        "(default: 256 x the model's max_sequence_length)")
 
 
 def from_args(a: argparse.Namespace) -> ServeConfig:
@@ -350,6 +365,7 @@ def from_args(a: argparse.Namespace) -> ServeConfig:
         cost_profile_dir=_profile_dir(getattr(a, "cost_profile_dir", None)),
         model_workers=parse_workers(a.model_workers),
         strip_strings=tuple(getattr(a, "strip_strings", ())), chat_template=getattr(a, "chat_template", None),
+        max_text_chars=getattr(a, "max_text_chars", None),
         max_concurrent_streams=a.max_concurrent_streams, max_stream_items_in_flight=a.max_stream_items_in_flight,
         body_timeout_seconds=a.body_timeout_seconds, max_buffered_request_bytes=a.max_buffered_request_bytes,
         liveness_stall_seconds=a.liveness_stall_seconds)

@@ -27,6 +27,7 @@ from rmscore.core.liveness import HangFault, HangHook, Liveness, LivenessWatch, 
     now_us, threshold_note
 from rmscore.core.metrics import Metrics
 from rmscore.core.runtime import Runtime, Workers, progress
+from rmscore.core.tokenizing import TokenizePool, default_max_text_chars, pieces
 from rmscore.core.validation import Limits, SeqInput, Validator
 from rmscore.model.repository import ModelRepo, load_repo
 
@@ -61,8 +62,12 @@ class ScoringCore:
         tok.no_padding()
         tok.no_truncation()
         self.tokenizer_json = self.repo.tokenizer_path.read_text()
+        #: --max-text-chars, or its default from this model's window (core/tokenizing.py).
+        self.max_text_chars = cfg.max_text_chars or default_max_text_chars(self.repo.max_sequence_length)
         self.validator = Validator(Limits(self.repo.max_sequence_length, self.repo.vocab_size,
-                                          cfg.max_sequences_per_request), tok)
+                                          cfg.max_sequences_per_request, self.max_text_chars), tok)
+        # Every route's tokenizing runs here, counted against the same bound as model work.
+        self.tokenizing = TokenizePool(cfg.max_queue_wait_seconds)
         self.state = WARMING_UP
         self.failure: str | None = None
         self.batcher: Batcher | None = None
@@ -237,14 +242,33 @@ class ScoringCore:
     async def score(self, items: list[SeqInput], truncation: str, deadline_s: float | None) -> Result:
         """Validate, queue, and await the scores; cancelling the awaiting task drops the sequences."""
         self.check_admission(deadline_s)
-        if any(it.text is not None for it in items) or \
-                sum(len(it.tokens) for it in items if it.tokens is not None) >= THREAD_VALIDATE_MIN_TOKENS:
-            # Tokenizing text takes ~0.3 s per 120 KB, and checking 64k token ids ~4 ms: off the event
-            # loop, so a small call arriving meanwhile is not queued behind it (issue 20's work flood).
+        if any(it.text is not None for it in items):
+            self.validator.check_request(items, truncation)  # lengths only: refused before any tokenizing
+            seqs = await self.tokenize_items(items, truncation, deadline_s)
+        elif sum(len(it.tokens) for it in items if it.tokens is not None) >= THREAD_VALIDATE_MIN_TOKENS:
+            # Checking 64k token ids takes ~4 ms: off the event loop, so a small call arriving
+            # meanwhile is not queued behind it (issue 20's work flood).
             seqs = await asyncio.to_thread(self.validator.request, items, truncation)
         else:
             seqs = self.validator.request(items, truncation)
         return await self.score_ids(seqs, deadline_s)
+
+    async def tokenize_items(self, items: list[SeqInput], truncation: str, deadline_s: float | None,
+                             where: str | None = None) -> list[list[int]]:
+        """The validated ids of `items` (text, or a lone item named `where`), tokenized on the
+        tokenizing pool in pieces: counted by admission, stopped between pieces when cancelled."""
+        chars = [len(it.text[0]) + len(it.text[1]) if it.text is not None else 0 for it in items]
+        work = [(lambda r=r: self.validator.texts(items, r, truncation, where), sum(chars[i] for i in r))
+                for r in pieces(chars)]
+        return await self.tokenizing.run(work, deadline_s)
+
+    async def sequence(self, item: SeqInput, truncation: str, where: str, deadline_s: float | None) -> list[int]:
+        """One stream item's validated ids: text checked for length first, then tokenized on the pool."""
+        if item.text is None:
+            return self.validator.sequence(item, truncation, where)
+        self.validator.truncation(truncation)
+        self.validator.check_text_chars(item, where)
+        return (await self.tokenize_items([item], truncation, deadline_s, where))[0]
 
     async def score_ids(self, seqs: list[list[int]], deadline_s: float | None) -> Result:
         return await self.submit_ids(seqs, deadline_s)
@@ -333,6 +357,7 @@ class ScoringCore:
         liveness watch ends with it."""
         if self.batcher:
             self.batcher.stop(join_timeout_s)
+        self.tokenizing.shutdown()
         if self._liveness_watch is not None:
             self._liveness_watch.stop()
 

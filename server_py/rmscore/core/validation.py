@@ -11,6 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from rmscore.core.errors import invalid
+from rmscore.core.tokenizing import check_chars, encode_ids
 
 TRUNCATIONS = ("none", "left", "right")
 
@@ -35,6 +36,8 @@ class Limits:
     max_sequence_length: int
     vocab_size: int
     max_sequences_per_request: int
+    #: The most characters a prompt or a response may have (--max-text-chars): checked before tokenizing.
+    max_text_chars: int = 1 << 62
 
 
 class Validator:
@@ -44,6 +47,14 @@ class Validator:
         self.tokenizer = tokenizer
 
     def request(self, items: Sequence[SeqInput], truncation: str) -> list[list[int]]:
+        self.check_request(items, truncation)
+        if any(it.text is not None for it in items):
+            return self.texts(items, range(len(items)), truncation)
+        return [self.sequence(it, truncation, f"sequences[{i}]") for i, it in enumerate(items)]
+
+    def check_request(self, items: Sequence[SeqInput], truncation: str) -> None:
+        """What can be refused from the request's shape and lengths alone, nothing read or tokenized:
+        truncation, the count, mixed inputs, and each text against max_text_chars."""
         self.truncation(truncation)
         n = len(items)
         if n == 0:
@@ -56,7 +67,33 @@ class Validator:
             first = next(i for i, it in enumerate(items) if (it.text is not None) != (items[0].text is not None))
             raise invalid(f"sequences[{first}]: mixes text and token ids in one request; "
                           "send all token ids or all text")
-        return [self.sequence(it, truncation, f"sequences[{i}]") for i, it in enumerate(items)]
+        for i, it in enumerate(items):
+            self.check_text_chars(it, f"sequences[{i}]")
+
+    def check_text_chars(self, item: SeqInput, where: str) -> None:
+        if item.text is not None and self.tokenizer is not None:
+            check_chars(item.text[0], self.limits.max_text_chars, f"{where}.text.prompt")
+            check_chars(item.text[1], self.limits.max_text_chars, f"{where}.text.response")
+
+    def texts(self, items: Sequence[SeqInput], indices: range, truncation: str, where: str | None = None) \
+            -> list[list[int]]:
+        """The ids of items[indices] (a piece of a request; `where`: the name of a lone item), text
+        tokenized in one encode_batch, which releases the GIL (core/tokenizing.py)."""
+        pairs, out = [], []
+        for i in indices:
+            it, at = items[i], where or f"sequences[{i}]"
+            if it.tokens is not None or it.text is None:
+                out.append(self.sequence(it, truncation, at))
+                continue
+            self._check_text(it.text, at)
+            pairs.append((i, it.text))
+            out.append(None)
+        if pairs:
+            ids = encode_ids(self.tokenizer, [t for _, t in pairs])
+            slots = [k for k, x in enumerate(out) if x is None]
+            for k, (i, _), one in zip(slots, pairs, ids):
+                out[k] = self._fit(one, truncation, where or f"sequences[{i}]")
+        return out
 
     @staticmethod
     def truncation(truncation) -> None:
@@ -97,16 +134,21 @@ class Validator:
         raise invalid(f"{where}.tokens.ids[{j}]: token id {int(tokens[j])} is outside the vocabulary "
                       f"[0, {vocab})")
 
-    def _tokenize(self, text: tuple[str, str], where: str) -> list[int]:
+    def _check_text(self, text: tuple[str, str], where: str) -> None:
         if self.tokenizer is None:
             raise invalid(f"{where}.text: this server does not tokenize text; send token ids "
                           "(tokenize with ModelInfo.tokenizer_json)")
         prompt, response = text
         if not prompt and not response:
             raise invalid(f"{where}.text: prompt and response are both empty")
+        check_chars(prompt, self.limits.max_text_chars, f"{where}.text.prompt")
+        check_chars(response, self.limits.max_text_chars, f"{where}.text.response")
         check_unicode(prompt, f"{where}.text.prompt")
         check_unicode(response, f"{where}.text.response")
-        return self.tokenizer.encode(prompt, response).ids
+
+    def _tokenize(self, text: tuple[str, str], where: str) -> list[int]:
+        self._check_text(text, where)
+        return encode_ids(self.tokenizer, [text])[0]
 
     def _fit(self, ids: list[int], truncation: str, where: str) -> list[int]:
         m = self.limits.max_sequence_length

@@ -120,8 +120,9 @@ class RewardModelServicer(reward_pb2_grpc.RewardModelServicer):
             t0 = time.perf_counter()
             try:
                 self.core.check_admission(deadline)
-                seq = self.core.validator.sequence(seq_input(item.sequence), TRUNC.get(item.truncation, item.truncation),
-                                                   "sequence")
+                # Text is tokenized on the core's pool, never on this loop (core/tokenizing.py).
+                seq = await self.core.sequence(seq_input(item.sequence), TRUNC.get(item.truncation, item.truncation),
+                                               "sequence", deadline)
                 r = await self.core.score_ids([seq], deadline)
                 resp = reward_pb2.ScoreStreamResponse(id=item.id, score=r.scores[0], timings=_timings(r),
                                                       model_version=self.core.repo.version)

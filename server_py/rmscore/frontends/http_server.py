@@ -186,7 +186,7 @@ def register_framework_routes(app: FastAPI, core: ScoringCore, chat_template=Non
     """The routes trainers' own clients speak (docs/frameworks/): OpenRLHF's POST /get_reward and
     vLLM's pooling API (POST /classify, /score, /pooling), beside rmscore's own."""
     encoder = reward_text.Encoder(core.tokenizer_json, core.repo.max_sequence_length, core.cfg.strip_strings,
-                                  chat_template)
+                                  chat_template, core.max_text_chars)
     openrlhf.register(app, core, encoder)
     vllm_api.register(app, core, encoder)
 

@@ -26,7 +26,6 @@ statuses as /rmscore/v1/score (422, 429, 503, ...).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -35,6 +34,7 @@ from pydantic import BaseModel, ConfigDict
 
 from rmscore.core.errors import ScoreError, invalid
 from rmscore.core.runtime import progress
+from rmscore.core.tokenizing import check_chars, pieces
 from rmscore.core.validation import SeqInput, check_unicode
 from rmscore.core.scoring import ScoringCore
 from rmscore.frontends.http_errors import refusal
@@ -76,12 +76,23 @@ class FormatCount:
             self.pending, self.seen, self.example, self.last_log = 0, 0, "", now
 
 
-def parse(body: GetRewardIn, encoder: Encoder) -> list[tuple[str, str] | str]:
-    """Each query as a (prompt, response) pair or one segment; ScoreError INVALID_ARGUMENT."""
+def check(body: GetRewardIn, max_chars: int) -> None:
+    """What is refused from lengths alone, before any text is read (INVALID_ARGUMENT)."""
     if body.prompts is not None and len(body.prompts) != len(body.query):
         raise invalid(f"prompts: {len(body.prompts)} prompts for {len(body.query)} queries")
+    for name, texts in (("query", body.query), ("prompts", body.prompts or ())):
+        for i, text in enumerate(texts):
+            check_chars(text, max_chars, f"{name}[{i}]")
+
+
+def parse(body: GetRewardIn, encoder: Encoder, indices: range | None = None) -> list[tuple[str, str] | str]:
+    """Each query (of `indices`, else all) as a (prompt, response) pair or one segment; ScoreError
+    INVALID_ARGUMENT."""
+    if indices is None:
+        check(body, encoder.max_chars)
     items: list[tuple[str, str] | str] = []
-    for i, raw in enumerate(body.query):
+    for i in indices if indices is not None else range(len(body.query)):
+        raw = body.query[i]
         check_unicode(raw, f"query[{i}]")  # the tokenizer takes no unpaired surrogate (JSON "\\ud800")
         if body.prompts is not None:
             check_unicode(body.prompts[i], f"prompts[{i}]")
@@ -96,16 +107,30 @@ def parse(body: GetRewardIn, encoder: Encoder) -> list[tuple[str, str] | str]:
 def register(app: FastAPI, core: ScoringCore, encoder: Encoder) -> None:
     formats = FormatCount(core)
 
+    async def tokenize(body: GetRewardIn) -> tuple[list, list[list[int]]]:
+        """The queries' items and ids, parsed (strip, prompt search) and tokenized on the core's
+        tokenizing pool in pieces: counted by admission, never on the event loop, stopped between
+        pieces when the client goes (core/tokenizing.py)."""
+        chars = [len(q) + (len(body.prompts[i]) if body.prompts is not None else 0) for i, q in enumerate(body.query)]
+
+        def piece(r: range) -> list:
+            items = parse(body, encoder, r)
+            return list(zip(items, encoder.encode(items)))
+
+        done = await core.tokenizing.run([(lambda r=r: piece(r), sum(chars[i] for i in r)) for r in pieces(chars)],
+                                         None)
+        return [it for it, _ in done], [x for _, x in done]
+
     @app.post("/get_reward")
     async def get_reward(body: GetRewardIn):
         t0 = time.perf_counter()
         try:
-            items = parse(body, encoder)
-            if not items:  # an empty shard of ceil(n/k) over k URLs: nothing to score
+            check(body, encoder.max_chars)  # lengths only: a 15 MiB query is refused before it is read
+            if not body.query:  # an empty shard of ceil(n/k) over k URLs: nothing to score
                 core.metrics.request("OK", time.perf_counter() - t0)
                 return {"rewards": [], "scores": [], "extra_logs": {}}
             core.check_admission(None)  # before tokenizing: a refusal costs nothing
-            ids = await asyncio.to_thread(encoder.encode, items)
+            items, ids = await tokenize(body)
             formats.add(items, body.prompts is not None)
             scores = await core.score_in_parts([SeqInput(tokens=x) for x in ids], "left")
         except ScoreError as e:

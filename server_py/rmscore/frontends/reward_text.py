@@ -20,6 +20,7 @@ from __future__ import annotations
 import pathlib
 
 from rmscore.core.config import ConfigError, ServeConfig
+from rmscore.core.tokenizing import check_chars, encode_ids
 
 #: The shortest tail of a prompt that counts as "the prompt, cut from the left" in a query: shorter
 #: tails (a word, a space) would match by chance anywhere.
@@ -95,20 +96,43 @@ def split_query(query: str, prompt: str | None) -> tuple[str, str] | None:
     return prompt, query[query.find(tail) + lo:]
 
 
+class _Capped:
+    """A Tokenizer whose `encode` refuses a text over the cap before reading it and runs through
+    encode_batch, which releases the GIL (core/tokenizing.py): the routes that call the tokenizer
+    directly (vLLM's /tokenize) get both without knowing of them."""
+
+    def __init__(self, tokenizer, max_chars: int):
+        self.tokenizer, self.max_chars = tokenizer, max_chars
+
+    def encode(self, first: str, second: str | None = None, add_special_tokens: bool = True):
+        for text in (first, second):
+            if text is not None:
+                check_chars(text, self.max_chars, "input")
+        item = first if second is None else (first, second)
+        return self.tokenizer.encode_batch([item], add_special_tokens=add_special_tokens)[0]
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
 class Encoder:
     """The model's tokenizer as the framework routes use it: strings stripped, the optional chat
     template, and cuts to max_sequence_length that never stop training: a pair loses the start of
-    its prompt first; a text that alone is too long keeps its last max_len tokens."""
+    its prompt first; a text that alone is too long keeps its last max_len tokens. A text over
+    `max_chars` (--max-text-chars) is refused INVALID_ARGUMENT before it is tokenized."""
 
-    def __init__(self, tokenizer_json: str, max_len: int, strip: tuple[str, ...] = (), chat_template=None):
+    def __init__(self, tokenizer_json: str, max_len: int, strip: tuple[str, ...] = (), chat_template=None,
+                 max_chars: int = 1 << 62):
         from tokenizers import Tokenizer
 
         self.max_len = max_len
+        self.max_chars = max_chars
         self.strip_strings = tuple(s for s in strip if s)
         self.template = chat_template  # a compiled template, or None
-        self.plain = Tokenizer.from_str(tokenizer_json)
-        self.plain.no_padding()
-        self.plain.no_truncation()
+        plain = Tokenizer.from_str(tokenizer_json)
+        plain.no_padding()
+        plain.no_truncation()
+        self.plain = _Capped(plain, max_chars)
         self.cut_prompt = Tokenizer.from_str(tokenizer_json)
         self.cut_prompt.no_padding()
         self.cut_prompt.enable_truncation(max_len, strategy="only_first", direction="left")
@@ -125,19 +149,37 @@ class Encoder:
         messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
         return self.template.render(messages=messages, add_generation_prompt=False, bos_token="", eos_token="")
 
+    def check(self, item: tuple[str, str] | str, where: str = "input") -> None:
+        """INVALID_ARGUMENT when a text of `item` is over max_chars: lengths only, nothing read."""
+        for text in (item if isinstance(item, tuple) else (item,)):
+            check_chars(text, self.max_chars, where)
+
     def encode_one(self, item: tuple[str, str] | str, add_special_tokens: bool = True) -> list[int]:
-        if isinstance(item, tuple) and self.template is not None:
-            ids = self.plain.encode(self.render(*item), add_special_tokens=False).ids
-        elif isinstance(item, tuple):
-            ids = self.plain.encode(*item).ids
-            if len(ids) > self.max_len:
+        return self.encode([item], add_special_tokens)[0]
+
+    def encode(self, items: list[tuple[str, str] | str], add_special_tokens: bool = True) -> list[list[int]]:
+        """Each item's ids, tokenized with encode_batch (the GIL released while it runs)."""
+        for it in items:
+            self.check(it)
+        # Three kinds, as encode(prompt, response) always did: a rendered pair without added special
+        # tokens (the template writes its own), a pair with them, a string as the caller says.
+        groups: dict[bool, list[int]] = {}
+        inputs = []
+        for k, it in enumerate(items):
+            if isinstance(it, tuple) and self.template is not None:
+                inputs.append(self.render(*it))
+                groups.setdefault(False, []).append(k)
+            else:
+                inputs.append(it)
+                groups.setdefault(isinstance(it, tuple) or add_special_tokens, []).append(k)
+        ids: list[list[int]] = [[] for _ in items]
+        for special, ks in groups.items():
+            for k, one in zip(ks, encode_ids(self.plain.tokenizer, [inputs[k] for k in ks], special)):
+                ids[k] = one
+        for k, it in enumerate(items):
+            if isinstance(it, tuple) and self.template is None and len(ids[k]) > self.max_len:
                 try:
-                    ids = self.cut_prompt.encode(*item).ids
+                    ids[k] = encode_ids(self.cut_prompt, [it])[0]
                 except Exception:  # noqa: BLE001 - the response alone is too long: left cut below
                     pass
-        else:
-            ids = self.plain.encode(item, add_special_tokens=add_special_tokens).ids
-        return ids[-self.max_len:] if len(ids) > self.max_len else ids
-
-    def encode(self, items: list[tuple[str, str] | str]) -> list[list[int]]:
-        return [self.encode_one(it) for it in items]
+        return [x[-self.max_len:] if len(x) > self.max_len else x for x in ids]
