@@ -1,6 +1,6 @@
-"""vLLM's pooling API (/classify, /score, /pooling) on the FastAPI server, with vLLM's request and
-response schemas (docs/frameworks/vllm-api.md cites the vLLM source), and rmscore's own route moved
-to /rmscore/v1/score with /v1/score kept as its deprecated alias.
+"""vLLM's pooling API (/classify, /score and /v1/score, /rerank, /v1/rerank and /v2/rerank,
+/pooling, ...) on the FastAPI server, with vLLM's request and response schemas
+(docs/frameworks/vllm-api.md cites the vLLM source); rmscore's own route is /rmscore/v1/score.
 
 The server is the default-flag one the client tests share (test_client.shared_server).
 """
@@ -86,14 +86,82 @@ def test_classify_and_pooling(http):
     assert_scores(r.json()["data"][0]["probs"], [sigmoid(raw([PAIRS[1]])[0])])
 
 
-def test_own_route_moved_and_old_path_kept_as_alias(http):
-    body = {"sequences": [{"prompt": p, "response": c} for p, c in PAIRS]}
-    new, old = http.post("/rmscore/v1/score", json=body), http.post("/v1/score", json=body)
-    assert new.status_code == old.status_code == 200
-    assert new.json()["scores"] == old.json()["scores"]
-    assert_scores(new.json()["scores"], raw(PAIRS))
+def test_v1_score_is_vllms_score_route(http):
+    # vLLM serves /score and /v1/score with one handler; /v1/score was rmscore's deprecated alias
+    # of its own route, so a vLLM body there got 422.
+    body = {"text_1": PAIRS[0][0], "text_2": [PAIRS[0][1], "Seven."], "use_activation": False}
+    v1, plain = http.post("/v1/score", json=body), http.post("/score", json=body)
+    assert v1.status_code == plain.status_code == 200, v1.text
+    check_envelope(v1.json(), "score", 2)
+    assert [d["score"] for d in v1.json()["data"]] == [d["score"] for d in plain.json()["data"]]
+    assert_scores([d["score"] for d in v1.json()["data"]], raw([PAIRS[0], (PAIRS[0][0], "Seven.")]))
+    # rmscore's own body there is a bad vLLM request now, answered in vLLM's shape.
+    r = http.post("/v1/score", json={"sequences": [{"prompt": "a", "response": "b"}]})
+    assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    own = http.post("/rmscore/v1/score", json={"sequences": [{"prompt": p, "response": c} for p, c in PAIRS]})
+    assert own.status_code == 200
+    assert_scores(own.json()["scores"], raw(PAIRS))
     ops = http.get("/openapi.json").json()["paths"]
-    assert ops["/v1/score"]["post"].get("deprecated") is True and not ops["/rmscore/v1/score"]["post"].get("deprecated")
+    assert not any(op.get("deprecated") for path in ops.values() for op in path.values())
+
+
+DOCS = ["Because air scatters blue light more.", "Seven.", "The sky is green.", "Blue light scatters."]
+
+
+@pytest.mark.parametrize("path", ["/rerank", "/v1/rerank", "/v2/rerank"])
+def test_rerank_as_vllm_answers_it(http, path):
+    query = PAIRS[0][0]
+    want = [sigmoid(x) for x in raw([(query, d) for d in DOCS])]
+    r = http.post(path, json={"model": "default", "query": query, "documents": DOCS, "top_n": 3,
+                              "return_documents": True}, headers={"X-Request-Id": "rr-1"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    # vLLM's RerankResponse (scoring/protocol.py): no object/created; usage of two fields; the
+    # documents best first, top_n of them.
+    assert set(body) == {"id", "model", "usage", "results"} and body["id"] == "score-rr-1"
+    assert body["model"] == "default" and set(body["usage"]) == {"prompt_tokens", "total_tokens"}
+    assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > 0
+    order = sorted(range(len(DOCS)), key=lambda i: -want[i])[:3]
+    assert [x["index"] for x in body["results"]] == order
+    for x in body["results"]:
+        assert set(x) == {"index", "document", "relevance_score"}
+        assert x["document"] == {"text": DOCS[x["index"]], "multi_modal": None}
+    assert_scores([x["relevance_score"] for x in body["results"]], [want[i] for i in order])
+    # One document as a string, the raw reward with use_activation false, every result without top_n.
+    r = http.post(path, json={"query": query, "documents": DOCS[1], "use_activation": False})
+    assert r.status_code == 200, r.text
+    assert_scores([x["relevance_score"] for x in r.json()["results"]], raw([(query, DOCS[1])]))
+
+
+def test_rerank_honours_max_tokens_per_doc_and_query(http):
+    tok = local_tokenizer()
+    query, doc = PAIRS[0][0], DOCS[0]
+    q, d = tok.encode(query, add_special_tokens=False), tok.encode(doc, add_special_tokens=False)
+    q.truncate(3)
+    d.truncate(2)
+    (want,) = ort_scores([tok.post_process(q, d).ids])
+    r = http.post("/rerank", json={"query": query, "documents": [doc], "max_tokens_per_query": 3,
+                                   "max_tokens_per_doc": 2, "use_activation": False})
+    assert r.status_code == 200, r.text
+    assert_scores([r.json()["results"][0]["relevance_score"]], [want])
+    assert r.json()["usage"]["prompt_tokens"] == 3 + 2 + 3
+
+
+def test_pairs_over_max_sequences_per_request_are_400_before_tokenizing(http):
+    # A short body of one query and many documents costs a model sequence per pair: capped at
+    # max_sequences_per_request (1024 on this server), as rmscore's own route caps sequences.
+    many = ["x"] * 1025
+    for path, body, field in [("/score", {"text_1": "q" * 100_000, "text_2": many}, "text_2"),
+                              ("/v1/score", {"queries": "q", "documents": many}, "documents"),
+                              ("/rerank", {"query": "q", "documents": many}, "documents"),
+                              ("/v2/rerank", {"query": "q", "documents": many}, "documents")]:
+        r = http.post(path, json=body)
+        err = r.json()["error"]
+        assert r.status_code == 400 and set(err) == {"message", "type", "param", "code"}, (path, r.text)
+        assert err["code"] == 400 and err["type"] == "BadRequestError"
+        assert err["message"].startswith(f"{field}: 1025 pairs exceed max_sequences_per_request 1024"), err
+    r = http.post("/rerank", json={"query": "q", "documents": ["x"] * 1024, "top_n": 1})
+    assert r.status_code == 200 and len(r.json()["results"]) == 1
 
 
 def test_malformed_vllm_requests_are_400_in_vllms_error_shape(http):
@@ -114,6 +182,12 @@ def test_malformed_vllm_requests_are_400_in_vllms_error_shape(http):
     # A content part whose text is not a string (before: a bare 500).
     r = http.post("/classify", json={"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]})
     assert r.status_code == 400 and "messages[0].content[0].text" in r.json()["error"]["message"]
+    # A rerank body the schema refuses (no query; a negative per-document cut), in vLLM's shape.
+    for path, body, param in [("/v1/rerank", {"documents": ["a"]}, "query"),
+                              ("/rerank", {"query": "q", "documents": ["a"], "max_tokens_per_doc": -1},
+                               "max_tokens_per_doc")]:
+        r = http.post(path, json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     # rmscore's own route keeps its contract.
     r = http.post("/rmscore/v1/score", json={"sequences": []})
     assert r.status_code == 422 and r.json()["error"]["code"] == "INVALID_ARGUMENT"

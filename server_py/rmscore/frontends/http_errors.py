@@ -21,7 +21,8 @@ def error_response(code: Code, message: str, status: int | None = None) -> JSONR
 
 
 #: The routes that speak vLLM's API (vllm_api.py): their errors have vLLM's shape and statuses.
-VLLM_PATHS = frozenset({"/classify", "/score", "/pooling", "/tokenize", "/v1/models"})
+VLLM_PATHS = frozenset({"/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/pooling",
+                        "/tokenize", "/v1/models"})
 # vLLM's ErrorResponse.type for the statuses its handlers name (serve/exception_handling): a request
 # it cannot serve is a ValueError there, 400 BadRequestError; others take the HTTP phrase.
 _VLLM_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}

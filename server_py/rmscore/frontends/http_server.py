@@ -66,9 +66,8 @@ def _seq_input(s: SequenceIn) -> SeqInput:
     return SeqInput(tokens=s.tokens, text=text)
 
 
-#: rmscore's own scoring route; /v1/score, its path until 0.1, is vLLM's /score path in vLLM's API.
+#: rmscore's own scoring route; /v1/score, its path until 0.1, is vLLM's score route (vllm_api.py).
 SCORE_PATH = "/rmscore/v1/score"
-DEPRECATED_SCORE_PATH = "/v1/score"
 
 # A deadline further away than this is no deadline (1e308 ms overflowed asyncio's timer: a 500).
 NO_DEADLINE_MS = 365 * 24 * 3600 * 1e3
@@ -144,9 +143,6 @@ def create_app(core: ScoringCore, chat_template=None) -> FastAPI:
         return {"scores": r.scores, "model_version": core.repo.version,
                 "timings": {"total_ms": r.total_ms, "inference_ms": r.inference_ms, "queue_ms": r.queue_ms}}
 
-    # The old path, until the next version: vLLM's pooling API has a /v1/score of another schema.
-    app.add_api_route(DEPRECATED_SCORE_PATH, score, methods=["POST"], response_model=ScoreOut, deprecated=True)
-
     @app.get("/v1/model")
     async def model():
         return model_info(core)
@@ -184,7 +180,7 @@ def create_app(core: ScoringCore, chat_template=None) -> FastAPI:
 
 def register_framework_routes(app: FastAPI, core: ScoringCore, chat_template=None) -> None:
     """The routes trainers' own clients speak (docs/frameworks/): OpenRLHF's POST /get_reward and
-    vLLM's pooling API (POST /classify, /score, /pooling), beside rmscore's own."""
+    vLLM's pooling API (POST /classify, /score, /rerank, /pooling, ...: vllm_api.py), beside rmscore's own."""
     encoder = reward_text.Encoder(core.tokenizer_json, core.repo.max_sequence_length, core.cfg.strip_strings,
                                   chat_template, core.max_text_chars)
     openrlhf.register(app, core, encoder)

@@ -1,16 +1,20 @@
-"""vLLM's pooling API on the FastAPI server: `POST /classify`, `/score` (and `/v1/...` of both is
-not taken: rmscore's deprecated /v1/score alias holds it for one version), `/pooling`.
+"""vLLM's pooling API on the FastAPI server: `POST /classify`, `/score` and `/v1/score`, `/rerank`,
+`/v1/rerank` and `/v2/rerank`, `/pooling`, `/tokenize`, `GET /v1/models`, `/health`.
 
-The request and response schemas are vLLM's (vllm/entrypoints/pooling/{classify,score,pooling}/
-protocol.py and base/protocol.py; docs/frameworks/vllm-api.md cites the commits), so a client
-written for a vLLM reward or cross-encoder server works unchanged. Unknown fields are accepted and
+The request schemas (vllm_protocol.py) and response schemas are vLLM's (vllm/entrypoints/pooling/
+{classify,pooling,scoring}/protocol.py and base/protocol.py; the score and rerank responses as
+scoring/serving.py at a1140c1b builds them; docs/frameworks/vllm-api.md cites the commits), so a
+client written for a vLLM reward or cross-encoder server works unchanged. Unknown fields are accepted and
 ignored, as vLLM's OpenAIBaseModel does. What differs, on purpose:
 - a reward model has one output: `num_classes` is 1 and `probs` (and /pooling's `data`) one value;
   with vLLM's default `use_activation` (None, i.e. true) it is the model's activation of the reward
   (sigmoid; the identity for `problem_type: regression` or a sentence-transformers `activation_fn`
   of Identity in its config.json, as vLLM's get_act_fn decides), with `use_activation: false` the
   raw reward rmscore's own route returns;
-- the id is `<route>-<X-Request-Id>` (or a random hex), as vLLM's `_base_request_id` makes it;
+- the id is `<route>-<X-Request-Id>` (or a random hex), as vLLM's `_base_request_id` makes it
+  (`score-` for /rerank too: vLLM's ServingScores serves both under that prefix);
+- /score and /rerank pairs: at most max_sequences_per_request a request (400 otherwise, before any
+  tokenizing), each distinct text tokenized once (vllm_pairs.py);
 - `GET /v1/models` lists the one model as vLLM's ModelList does, `POST /tokenize` answers as vLLM's,
   and `GET /health` answers 200 with an empty body while serving (503 otherwise), a probe without a
   token as /healthz;
@@ -33,94 +37,23 @@ import json
 import math
 import time
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
 
 from rmscore.core.errors import ScoreError, invalid
 from rmscore.core.scoring import SERVING, ScoringCore
 from rmscore.core.validation import SeqInput, check_unicode
 from rmscore.frontends.http_errors import refusal
 from rmscore.frontends.reward_text import Encoder
+from rmscore.frontends.vllm_pairs import broadcast, encode_pairs
+from rmscore.frontends.vllm_protocol import (  # noqa: F401 - ScoreInputs: re-exported with the schemas
+    ClassifyIn, PoolingIn, RerankIn, ScoreIn, ScoreInputs, ScoringIn, TokenizeIn, VllmRequest)
 
-
-class _VllmRequest(BaseModel):
-    """PoolingBasicRequestMixin + ClassifyRequestMixin: the fields every pooling request has."""
-
-    model_config = ConfigDict(extra="allow")
-    model: str | None = None
-    user: str | None = None
-    truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None
-    truncation_side: Literal["left", "right"] | None = None
-    request_id: str | None = None
-    priority: int = 0
-    use_activation: bool | None = None
-
-
-class ClassifyIn(_VllmRequest):
-    """ClassificationCompletionRequest (`input`) or ClassificationChatRequest (`messages`)."""
-
-    input: list[int] | list[list[int]] | str | list[str] | None = None
-    messages: list[dict[str, Any]] | None = None
-    add_special_tokens: bool | None = None  # vLLM: True for `input`, False for `messages`
-
-
-class PoolingIn(ClassifyIn):
-    """PoolingCompletionRequest / PoolingChatRequest: also EmbedRequestMixin's fields, checked as
-    PoolingParams.verify checks them for the classify task, and its encoding of the output."""
-
-    task: str | None = None
-    dimensions: int | None = None
-    encoding_format: Literal["float", "base64"] = "float"
-    embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
-    endianness: Literal["native", "little", "big"] = "native"
-
-
-class TokenizeIn(BaseModel):
-    """TokenizeCompletionRequest (`prompt`) or TokenizeChatRequest (`messages`)."""
-
-    model_config = ConfigDict(extra="allow")
-    model: str | None = None
-    prompt: str | None = None
-    messages: list[dict[str, Any]] | None = None
-    add_special_tokens: bool | None = None  # vLLM: True for `prompt`, False for `messages`
-    return_token_strs: bool | None = False
-
-
-ScoreInputs = str | list[str]
-
-
-class ScoreIn(_VllmRequest):
-    """ScoreTextRequest (text_1/text_2) and its spellings data_1/data_2, queries/documents, queries/items."""
-
-    text_1: ScoreInputs | None = None
-    text_2: ScoreInputs | None = None
-    data_1: ScoreInputs | None = None
-    data_2: ScoreInputs | None = None
-    queries: ScoreInputs | None = None
-    documents: ScoreInputs | None = None
-    items: ScoreInputs | None = None
-
-    def sides(self) -> tuple[list[str], list[str]]:
-        for a, b in (("text_1", "text_2"), ("data_1", "data_2"), ("queries", "documents"), ("queries", "items")):
-            one, two = getattr(self, a), getattr(self, b)
-            if one is not None and two is not None:
-                return ([one] if isinstance(one, str) else one), ([two] if isinstance(two, str) else two)
-        raise invalid("body: send text_1 and text_2 (or data_1/data_2, queries/documents, queries/items)")
-
-
-def _pairs(first: list[str], second: list[str]) -> list[tuple[str, str]]:
-    """vLLM's score pairing: one first text against each second text, or both lists pairwise."""
-    if not first or not second:
-        raise invalid("text_1/text_2: empty input")
-    if len(first) == 1:
-        first = first * len(second)
-    if len(first) != len(second):
-        raise invalid(f"text_1/text_2: {len(first)} first texts for {len(second)} second texts; send one "
-                      "first text or as many as second texts")
-    return list(zip(first, second))
+#: vLLM's paths for its score and rerank handlers (scoring/api_router.py at facb56e2).
+SCORE_PATHS = ("/score", "/v1/score")
+RERANK_PATHS = ("/rerank", "/v1/rerank", "/v2/rerank")
 
 
 def _messages_pair(messages: list[dict[str, Any]]) -> tuple[str, str]:
@@ -157,7 +90,7 @@ class VllmRoutes:
         self.truncation_side = tok_cfg.get("truncation_side") or "right"
 
     @staticmethod
-    def check_params(body: _VllmRequest) -> None:
+    def check_params(body: VllmRequest) -> None:
         """What vLLM refuses rather than ignores on these routes (vllm-project/vllm at 0235532e,
         pooling_params.py verify and base/protocol.py): a non-zero `priority` without priority
         scheduling; on /pooling the removed `normalize` and task names, and `dimensions`,
@@ -200,14 +133,14 @@ class VllmRoutes:
             raw = x.astype(np.dtype(f"{order}{'f4' if body.embed_dtype == 'float32' else 'f2'}"))
         return base64.b64encode(raw.tobytes()).decode("ascii")
 
-    def check_truncation(self, body: _VllmRequest) -> None:
+    def check_truncation(self, body: VllmRequest) -> None:
         """vLLM refuses a truncate_prompt_tokens above the model's maximum (400)."""
         k, most = body.truncate_prompt_tokens, self.core.repo.max_sequence_length
         if k is not None and k > most:
             raise invalid(f"truncate_prompt_tokens: {k} is greater than the model's max_model_len ({most}); "
                           "send a smaller value, or -1 for the maximum")
 
-    def _cut(self, ids: list[int], body: _VllmRequest) -> list[int]:
+    def _cut(self, ids: list[int], body: VllmRequest) -> list[int]:
         k = body.truncate_prompt_tokens
         if k is None or k == -1 or len(ids) <= k:
             return ids
@@ -225,7 +158,7 @@ class VllmRoutes:
             raise invalid("input: empty input")
         return [self.encoder.strip(s) if isinstance(s, str) else s for s in x]
 
-    async def score(self, items: list, body: _VllmRequest, add_special_tokens: bool = True) -> tuple[list, int]:
+    async def score(self, items: list, body: VllmRequest, add_special_tokens: bool = True) -> tuple[list, int]:
         """Raw rewards of `items` (text, pairs or token ids) and their total token count."""
         for i, it in enumerate(items):
             for s in (it if isinstance(it, tuple) else (it,)):
@@ -240,13 +173,37 @@ class VllmRoutes:
         ids = [self._cut(x, body) for x in ids]
         return await self.core.score_in_parts([SeqInput(tokens=x) for x in ids], "left"), sum(len(x) for x in ids)
 
+    async def score_pairs(self, first: list[str], second: list[str], field: str, body: ScoringIn) -> tuple[list, int]:
+        """Raw rewards of vLLM's text pairs (1:1, 1:N or N:N) and their total token count. The pairs
+        are counted, and the request admitted, before any text is tokenized; then each distinct text
+        is tokenized once (vllm_pairs.py), off the event loop."""
+        pairs = broadcast(first, second, self.core.cfg.max_sequences_per_request, field)
+        self.check_truncation(body)
+        self.core.check_admission(None)
+        ids = await asyncio.to_thread(encode_pairs, self.encoder, pairs, body.max_tokens_per_query,
+                                      body.max_tokens_per_doc, lambda i: f"{field}[{i}]")
+        ids = [self._cut(x, body) for x in ids]
+        return await self.core.score_in_parts([SeqInput(tokens=x) for x in ids], "left"), sum(len(x) for x in ids)
+
+    def rerank_response(self, body: RerankIn, values: list[float], tokens: int, request: Request) -> dict:
+        """vLLM's RerankResponse: every document with its index and text, best first (a stable sort:
+        ties keep the documents' order), the first `top_n` when that is above 0."""
+        docs = body.document_list()
+        results = sorted(({"index": i, "document": {"text": d, "multi_modal": None}, "relevance_score": v}
+                          for i, (d, v) in enumerate(zip(docs, values))),
+                         key=lambda r: r["relevance_score"], reverse=True)
+        if 0 < body.top_n < len(results):
+            results = results[:body.top_n]
+        return {"id": f"score-{request.headers.get('x-request-id') or uuid.uuid4().hex}", "model": self.core.repo.name,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}, "results": results}
+
     def envelope(self, prefix: str, data: list, tokens: int, request: Request) -> dict:
         return {"id": f"{prefix}-{request.headers.get('x-request-id') or uuid.uuid4().hex}", "object": "list",
                 "created": int(time.time()), "model": self.core.repo.name, "data": data,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
                           "prompt_tokens_details": None, "completion_tokens_details": None}}
 
-    def activation(self, body: _VllmRequest, r: float) -> float:
+    def activation(self, body: VllmRequest, r: float) -> float:
         if body.use_activation is False or self.identity:
             return r
         return 1.0 / (1.0 + math.exp(-r))
@@ -315,16 +272,27 @@ def register(app: FastAPI, core: ScoringCore, encoder: Encoder) -> None:
         return await per_input(body, request, "classify", lambda i, r: {
             "index": i, "label": routes.label, "probs": [routes.activation(body, r)], "num_classes": 1})
 
-    @app.post("/score")
     async def score(body: ScoreIn, request: Request):
         async def work():
             routes.check_params(body)
-            pairs = [routes.encoder.strip_pair(p) for p in _pairs(*body.sides())]
-            rewards, n = await routes.score(pairs, body)
+            rewards, n = await routes.score_pairs(*body.sides(), body)
             data = [{"index": i, "object": "score", "score": routes.activation(body, r)}
                     for i, r in enumerate(rewards)]
             return routes.envelope("score", data, n, request)
         return await answer(work)
+
+    async def rerank(body: RerankIn, request: Request):
+        async def work():
+            routes.check_params(body)
+            rewards, n = await routes.score_pairs([body.query], body.document_list(), "documents", body)
+            return routes.rerank_response(body, [routes.activation(body, r) for r in rewards], n, request)
+        return await answer(work)
+
+    # vLLM serves each under all of these paths with one handler (scoring/api_router.py).
+    for path in SCORE_PATHS:
+        app.add_api_route(path, score, methods=["POST"])
+    for path in RERANK_PATHS:
+        app.add_api_route(path, rerank, methods=["POST"])
 
     @app.post("/pooling")
     async def pooling(body: PoolingIn, request: Request):
