@@ -104,7 +104,7 @@ def test_pairs_are_counted_before_anything_is_read():
     assert broadcast(["q"], ["a", "b"], 2) == [("q", "a"), ("q", "b")]
     assert broadcast(["q", "r"], ["a", "b"], 2) == [("q", "a"), ("r", "b")]
     with pytest.raises(ScoreError) as e:
-        broadcast(["q"], ["a"] * 3, 2, "documents")
+        broadcast(["q"], ["a"] * 3, 2, ("query", "documents"))
     assert e.value.message.startswith("documents: 3 pairs exceed max_sequences_per_request 2")
     for first, second in ([[], ["a"]], [["q"], []], [["q", "r"], ["a", "b", "c"]]):
         with pytest.raises(ScoreError):
@@ -113,7 +113,9 @@ def test_pairs_are_counted_before_anything_is_read():
 
 def test_an_empty_pair_and_a_lone_surrogate_are_refused():
     enc = Encoder(BERT_JSON, 512)
-    with pytest.raises(ScoreError, match=r"text\[1\]: empty input"):
+    with pytest.raises(ScoreError, match=r"text_1/text_2\[1\]: empty pair"):
         encode_pairs(enc, [("q", "a"), ("", "")])
-    with pytest.raises(ScoreError, match=r"documents\[0\]: not valid Unicode"):
-        encode_pairs(enc, [("q", "\ud800")], where=lambda i: f"documents[{i}]")
+    with pytest.raises(ScoreError, match=r"documents\[1\]: not valid Unicode"):
+        encode_pairs(enc, [("q", "a"), ("q", "\ud800")], names=("query", "documents"))
+    with pytest.raises(ScoreError, match=r"query\[0\]: not valid Unicode"):
+        encode_pairs(enc, [("\ud800", "a")], names=("query", "documents"))

@@ -45,4 +45,4 @@ def test_request_fields_as_vllm_reads_them():
         with pytest.raises(ValidationError):
             RerankIn(**bad)
     first, second, field = ScoreIn(queries="q", documents=["a", "b"], max_tokens_per_query=2).sides()
-    assert (first, second, field) == (["q"], ["a", "b"], "documents")
+    assert (first, second, field) == (["q"], ["a", "b"], ("queries", "documents"))

@@ -173,15 +173,16 @@ class VllmRoutes:
         ids = [self._cut(x, body) for x in ids]
         return await self.core.score_in_parts([SeqInput(tokens=x) for x in ids], "left"), sum(len(x) for x in ids)
 
-    async def score_pairs(self, first: list[str], second: list[str], field: str, body: ScoringIn) -> tuple[list, int]:
+    async def score_pairs(self, first: list[str], second: list[str], names: tuple[str, str],
+                          body: ScoringIn) -> tuple[list, int]:
         """Raw rewards of vLLM's text pairs (1:1, 1:N or N:N) and their total token count. The pairs
         are counted, and the request admitted, before any text is tokenized; then each distinct text
         is tokenized once (vllm_pairs.py), off the event loop."""
-        pairs = broadcast(first, second, self.core.cfg.max_sequences_per_request, field)
+        pairs = broadcast(first, second, self.core.cfg.max_sequences_per_request, names)
         self.check_truncation(body)
         self.core.check_admission(None)
         ids = await asyncio.to_thread(encode_pairs, self.encoder, pairs, body.max_tokens_per_query,
-                                      body.max_tokens_per_doc, lambda i: f"{field}[{i}]")
+                                      body.max_tokens_per_doc, names)
         ids = [self._cut(x, body) for x in ids]
         return await self.core.score_in_parts([SeqInput(tokens=x) for x in ids], "left"), sum(len(x) for x in ids)
 
@@ -284,7 +285,7 @@ def register(app: FastAPI, core: ScoringCore, encoder: Encoder) -> None:
     async def rerank(body: RerankIn, request: Request):
         async def work():
             routes.check_params(body)
-            rewards, n = await routes.score_pairs([body.query], body.document_list(), "documents", body)
+            rewards, n = await routes.score_pairs([body.query], body.document_list(), ("query", "documents"), body)
             return routes.rerank_response(body, [routes.activation(body, r) for r in rewards], n, request)
         return await answer(work)
 

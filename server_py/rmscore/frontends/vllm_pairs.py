@@ -12,24 +12,24 @@ tokens. (Assembling tokenizers Encodings instead was no cheaper: a cut Encoding 
 
 from __future__ import annotations
 
-from typing import Callable
-
 from rmscore.core.errors import invalid
 from rmscore.core.validation import check_unicode
 from rmscore.frontends.reward_text import Encoder
 
 
-def broadcast(first: list[str], second: list[str], most: int, field: str = "text_2") -> list[tuple[str, str]]:
+def broadcast(first: list[str], second: list[str], most: int,
+              names: tuple[str, str] = ("text_1", "text_2")) -> list[tuple[str, str]]:
     """vLLM's pairing (1:1, 1:N or N:N), refused before any tokenizing when empty, mismatched, or
     more than `most` pairs (max_sequences_per_request: a pair is one sequence for the model, and a
     one-text body of N pairs costs N model sequences however short its bytes)."""
+    one, two = names
     if not first or not second:
-        raise invalid(f"text_1/{field}: empty input")
+        raise invalid(f"{one}/{two}: empty input")
     if len(first) > 1 and len(first) != len(second):
-        raise invalid(f"text_1/{field}: {len(first)} first texts for {len(second)} second texts; send one "
+        raise invalid(f"{one}/{two}: {len(first)} first texts for {len(second)} second texts; send one "
                       "first text or as many as second texts")
     if len(second) > most:
-        raise invalid(f"{field}: {len(second)} pairs exceed max_sequences_per_request {most}; send at most "
+        raise invalid(f"{two}: {len(second)} pairs exceed max_sequences_per_request {most}; send at most "
                       f"{most} per request")
     if len(first) == 1:
         first = first * len(second)
@@ -37,21 +37,22 @@ def broadcast(first: list[str], second: list[str], most: int, field: str = "text
 
 
 def encode_pairs(encoder: Encoder, pairs: list[tuple[str, str]], first_max: int = 0, second_max: int = 0,
-                 where: Callable[[int], str] = lambda i: f"text[{i}]") -> list[list[int]]:
+                 names: tuple[str, str] = ("text_1", "text_2")) -> list[list[int]]:
     """The ids of each (first, second) pair, strings stripped (--strip-string), each first text cut
     to its first `first_max` tokens and each second to its first `second_max` (0: no cut), as vLLM's
-    max_tokens_per_query / max_tokens_per_doc. A text is checked and tokenized once however many
+    max_tokens_per_query / max_tokens_per_doc. Errors name the field (`names`) and the pair's index.
+    A text is checked and tokenized once however many
     pairs hold it. With --chat-template, or a post-processor that is not special tokens around the
     two texts, a pair is encoded as one text, so each distinct pair is tokenized once instead (the
     pair count is bounded by `broadcast`)."""
     stripped: dict[str, str] = {}
     for i, pair in enumerate(pairs):
-        for text in pair:
+        for name, text in zip(names, pair):
             if text not in stripped:
-                check_unicode(text, where(i))
+                check_unicode(text, f"{name}[{i}]")
                 stripped[text] = encoder.strip(text)
         if pair == ("", ""):
-            raise invalid(f"{where(i)}: empty input")
+            raise invalid(f"{names[0]}/{names[1]}[{i}]: empty pair")
     layout = None if encoder.template is not None else pair_layout(encoder.plain)
     if layout is None:
         return _whole_pairs(encoder, pairs, stripped, first_max, second_max)

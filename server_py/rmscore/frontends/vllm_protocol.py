@@ -87,12 +87,12 @@ class ScoreIn(ScoringIn):
     documents: ScoreInputs | None = None
     items: ScoreInputs | None = None
 
-    def sides(self) -> tuple[list[str], list[str], str]:
-        """The first texts, the second texts, and the second field's name (for messages)."""
+    def sides(self) -> tuple[list[str], list[str], tuple[str, str]]:
+        """The first texts, the second texts, and the two fields' names (for messages)."""
         for a, b in (("text_1", "text_2"), ("data_1", "data_2"), ("queries", "documents"), ("queries", "items")):
             one, two = getattr(self, a), getattr(self, b)
             if one is not None and two is not None:
-                return ([one] if isinstance(one, str) else one), ([two] if isinstance(two, str) else two), b
+                return ([one] if isinstance(one, str) else one), ([two] if isinstance(two, str) else two), (a, b)
         raise invalid("body: send text_1 and text_2 (or data_1/data_2, queries/documents, queries/items)")
 
 
