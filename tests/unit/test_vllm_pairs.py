@@ -119,3 +119,11 @@ def test_an_empty_pair_and_a_lone_surrogate_are_refused():
         encode_pairs(enc, [("q", "a"), ("q", "\ud800")], names=("query", "documents"))
     with pytest.raises(ScoreError, match=r"query\[0\]: not valid Unicode"):
         encode_pairs(enc, [("\ud800", "a")], names=("query", "documents"))
+
+
+def test_a_text_over_max_text_chars_is_refused_before_any_is_tokenized():
+    enc = Encoder(BERT_JSON, 512, max_chars=100)
+    enc.plain = counting = Counting(enc.plain)
+    with pytest.raises(ScoreError, match=r"documents\[2\]"):
+        encode_pairs(enc, [("q", "a"), ("q", "b"), ("q", "x" * 101)], names=("query", "documents"))
+    assert not counting.calls

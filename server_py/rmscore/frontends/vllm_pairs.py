@@ -40,15 +40,16 @@ def encode_pairs(encoder: Encoder, pairs: list[tuple[str, str]], first_max: int 
                  names: tuple[str, str] = ("text_1", "text_2")) -> list[list[int]]:
     """The ids of each (first, second) pair, strings stripped (--strip-string), each first text cut
     to its first `first_max` tokens and each second to its first `second_max` (0: no cut), as vLLM's
-    max_tokens_per_query / max_tokens_per_doc. Errors name the field (`names`) and the pair's index.
-    A text is checked and tokenized once however many
-    pairs hold it. With --chat-template, or a post-processor that is not special tokens around the
-    two texts, a pair is encoded as one text, so each distinct pair is tokenized once instead (the
-    pair count is bounded by `broadcast`)."""
+    max_tokens_per_query / max_tokens_per_doc. Every text is checked (Unicode, --max-text-chars)
+    before any is tokenized, and errors name the field (`names`) and the pair's index. A text is
+    tokenized once however many pairs hold it. With --chat-template, or a post-processor that is not
+    special tokens around the two texts, a pair is encoded as one text, so each distinct pair is
+    tokenized once instead (the pair count is bounded by `broadcast`)."""
     stripped: dict[str, str] = {}
     for i, pair in enumerate(pairs):
         for name, text in zip(names, pair):
             if text not in stripped:
+                encoder.check(text, f"{name}[{i}]")  # its length first: nothing of it read
                 check_unicode(text, f"{name}[{i}]")
                 stripped[text] = encoder.strip(text)
         if pair == ("", ""):
