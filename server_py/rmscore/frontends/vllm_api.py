@@ -48,8 +48,8 @@ from rmscore.core.validation import SeqInput, check_unicode
 from rmscore.frontends.http_errors import refusal
 from rmscore.frontends.reward_text import Encoder
 from rmscore.frontends.vllm_pairs import broadcast, encode_pairs
-from rmscore.frontends.vllm_protocol import (  # noqa: F401 - ScoreInputs: re-exported with the schemas
-    ClassifyIn, PoolingIn, RerankIn, ScoreIn, ScoreInputs, ScoringIn, TokenizeIn, VllmRequest)
+from rmscore.frontends.vllm_protocol import (ClassifyIn, PoolingIn, RerankIn, ScoreIn, ScoringIn, TokenizeIn,
+                                              VllmRequest)
 
 #: vLLM's paths for its score and rerank handlers (scoring/api_router.py at facb56e2).
 SCORE_PATHS = ("/score", "/v1/score")
