@@ -21,7 +21,8 @@ Both transports (the same request as a protobuf message or as JSON):
   - token ids and text mixed in one request;
   - text: control characters / NUL / BOM / bidi overrides (scored), prompt and
     response both empty (refused), very long text with no truncation (refused
-    by length after tokenizing) and with truncation (scored). A server that
+    by length after tokenizing) and with truncation (scored), a text over the
+    default --max-text-chars (refused before tokenizing). A server that
     does not tokenize (ModelInfo.accepts_text false, the C++ one) refuses every
     text case with its own message instead;
   - a message larger than max_request_bytes: RESOURCE_EXHAUSTED / 413, the
@@ -191,11 +192,15 @@ def corpus(limits: Limits, model_dir: pathlib.Path = DEFAULT_MODEL_DIR) -> list[
          Expect("OK"), text=True, note="control characters are text: tokenized, scored")
     both("text both empty", [{"prompt": "", "response": ""}],
          invalid(r"^sequences\[0\]\.text: prompt and response are both empty$"), text=True)
-    long_text = "hello world " * 20_000
+    # Under --max-text-chars' default (256 x max_sequence_length characters), yet far over the window.
+    long_text = "hello world " * (256 * L // 12)
     both("very long text, no truncation", [{"prompt": long_text, "response": "ok"}],
          invalid(r"^sequences\[0\]: length \d+ exceeds max_sequence_length"), text=True)
     both("very long text, truncation left", [{"prompt": long_text, "response": "ok"}], Expect("OK"), "left",
          text=True)
+    both("text over max_text_chars, truncation left", [{"prompt": "why?", "response": "x" * (256 * L + 1)}],
+         invalid(rf"^sequences\[0\]\.text\.response: {256 * L + 1} characters exceed max_text_chars {256 * L}; "),
+         "left", text=True, note="refused before anything is tokenized (issue 29, defect 3)")
 
     # ---- both transports: size
     n_over = limits.max_request_bytes // 3 + 4096  # id 30000 is 3 bytes as a varint, 6 as JSON text
