@@ -138,3 +138,49 @@ def test_huge_text_in_a_stream_is_refused_fast(server):
             answer.error.message
     _, message = refused(server, stream)
     assert message.startswith(f"sequence.text.response: {len(HUGE)} characters exceed max_text_chars"), message
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (/proc/PID/stat)."""
+    import os
+
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_tokenizing_stops_when_the_caller_goes(server):
+    """Texts under the cap but many of them (about 6 s of tokenizing here); the client goes after
+    0.5 s. The server stops between pieces: little CPU after that. Before, it tokenized on for seconds."""
+    from rmscore_client.v1 import reward_pb2, reward_pb2_grpc
+
+    text = "hello world " * 10_000  # 120,000 characters: under the default cap
+    n = 100
+    if server.transport == "http":
+        body = json.dumps({"query": [text + str(i) for i in range(n)]}).encode()
+
+        def send():
+            try:
+                httpx.post(server.base_url + "/get_reward", content=body, timeout=0.5,
+                           headers={"content-type": "application/json"})
+            except httpx.TimeoutException:
+                pass  # the client gives up: httpx closes the connection
+    else:
+        request = reward_pb2.ScoreRequest(truncation=reward_pb2.TRUNCATION_LEFT, sequences=[
+            reward_pb2.Sequence(text=reward_pb2.TextPair(prompt=text + str(i), response="ok")) for i in range(n)])
+
+        def send():
+            with grpc.insecure_channel(server.target) as ch:
+                try:
+                    reward_pb2_grpc.RewardModelStub(ch).Score(request, timeout=0.5)
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.DEADLINE_EXCEEDED, e
+    send()
+    time.sleep(0.5)  # the piece running when the caller went may finish
+    before = cpu_seconds(server.proc.pid)
+    time.sleep(1.5)
+    spent = cpu_seconds(server.proc.pid) - before
+    assert spent < 0.4, f"{spent:.2f} CPU-s spent after the caller went"
+    # And the server still answers text at once.
+    with Probes(server) as probes:
+        pass
+    assert not probes.failures, probes.failures
