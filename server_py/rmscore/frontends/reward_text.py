@@ -183,3 +183,23 @@ class Encoder:
                 except Exception:  # noqa: BLE001 - the response alone is too long: left cut below
                     pass
         return [x[-self.max_len:] if len(x) > self.max_len else x for x in ids]
+
+
+async def encode_counted(pool, encoder: Encoder, items: list, add_special_tokens: bool = True,
+                         deadline_s: float | None = None) -> list[list[int]]:
+    """`encoder.encode` of `items` on `pool` (the core's TokenizePool, `core.tokenizing`): in pieces,
+    counted by admission, stopped between pieces when the caller goes, never on the event loop.
+    A list of token ids among `items` passes through as it is. What a route that tokenizes calls."""
+    from rmscore.core.tokenizing import pieces
+
+    for it in items:  # lengths only: a text over the cap is refused before anything is tokenized
+        if not isinstance(it, list):
+            encoder.check(it)
+    chars = [0 if isinstance(it, list) else sum(map(len, it)) if isinstance(it, tuple) else len(it) for it in items]
+
+    def piece(r: range) -> list[list[int]]:
+        texts = [items[i] for i in r if not isinstance(items[i], list)]
+        done = iter(encoder.encode(texts, add_special_tokens) if texts else [])
+        return [list(items[i]) if isinstance(items[i], list) else next(done) for i in r]
+
+    return await pool.run([(lambda r=r: piece(r), sum(chars[i] for i in r)) for r in pieces(chars)], deadline_s)
