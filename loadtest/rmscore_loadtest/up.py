@@ -20,8 +20,9 @@ Prometheus (Debian's binary, the project's config with targets pointed here) scr
 3. The page (up_report.py): plots, the dashboards' own PromQL run against this run's Prometheus,
    the settings; written to runs/up-<time>/index.html.
 
-Sizes follow the machine: intra-op threads are the cores split over the servers, the ramp stops
-where a server saturates, windows hold enough answers at that server's rate, and phase 2's load
+Every server runs with its kind's defaults (threads, batching, model workers): what a user who
+starts one gets, so the ranking is of the product, not of a configuration only `up` uses. Sizes
+follow the machine: the ramp stops where a server saturates, windows hold enough answers at that server's rate, and phase 2's load
 follows the capacities. `--keep-running` leaves servers, Prometheus and a Locust web UI up.
 Ctrl-C or SIGTERM stops everything it started, by PID. A server that fails to start or its
 self-check, or exits later, is reported by name with the end of its log, as a failed row in the
@@ -379,14 +380,15 @@ def contended_rows(stats: list[dict], offers: dict, seconds: float) -> list[dict
     return rows
 
 
-def settings_of(args, threads: int, kinds: list[str]) -> dict:
+def settings_of(args, kinds: list[str]) -> dict:
     from rmscore.core.config import ServeConfig
     from rmscore_loadtest.bench.runner import machine_info
 
     d, m = ServeConfig(model=pathlib.Path(args.model)), machine_info()
     return {"cores": os.cpu_count(), "cpu": m["cpu"], "platform": m["platform"], "commit": m["commit"][:12],
-            "kinds": ", ".join(kinds), "model": args.model, "intra-op threads per server": threads,
-            "inter-op threads": 1, "batching": d.batching, "max batch size": d.max_batch_size,
+            "kinds": ", ".join(kinds), "model": args.model,
+            "intra-op threads per server": f"{d.intra_op_threads} (the default)",
+            "inter-op threads": d.inter_op_threads, "model workers": {-1: "elastic", 0: "auto"}.get(d.model_workers, d.model_workers), "batching": d.batching, "max batch size": d.max_batch_size,
             "max batch tokens": d.max_batch_tokens, "max queue delay ms": d.max_queue_delay_ms,
             "max queue sequences": d.max_queue_sequences,
             "workload": f"one sequence per request, {up_alone.WORKLOAD.mix.describe()}",
@@ -438,9 +440,9 @@ def alone_note(alone: dict, starting: up_start.Starting, windows: int) -> str:
     if starting.overlap:
         how += (f"; servers still warming up (torch.compile) ran at the lowest CPU priority meanwhile, on CPU time "
                 f"the measured server left unused, at most {warming:.0%} of a core")
-    return (how + ". C: the closed-loop concurrency each was measured at, the smallest that reached 90% of its "
-            f"ramp's best. Intervals: 95%, Student's t over {windows} windows; machine shared, so read them as "
-            "this run's.")
+    return (how + ". C: the closed-loop concurrency each was measured at, where its ramp (the mean of a "
+            f"window up and one down per level) was fastest. Intervals: 95%, Student's t over {windows} windows; "
+            "machine shared, so read them as this run's.")
 
 
 def check_alive(servers: dict, failed: dict, when: str) -> None:
@@ -453,9 +455,9 @@ def check_alive(servers: dict, failed: dict, when: str) -> None:
 
 def measure_and_report(stack: Stack, args, kinds: list[str], progress: Progress, clock: Clock) -> tuple:
     """Start, phase 1, phase 2, the report: (measured servers, Prometheus URL, {"page", "offers", "failed"})."""
-    threads = up_sizing.threads_per_server(os.cpu_count() or 1, len(kinds))
     progress.where = "0/3 start"
-    flags = {"model": args.model, "intra_op_threads": threads, "inter_op_threads": 1}
+    # Each kind's defaults, the model aside: the figures are then those of what a user starts.
+    flags = {"model": args.model}
     overlap, why = (False, "--no-overlap: every server first") if args.no_overlap else \
         up_start.overlap_allowed(os.cpu_count() or 1, os.getloadavg()[0])
     progress(why)
@@ -469,7 +471,7 @@ def measure_and_report(stack: Stack, args, kinds: list[str], progress: Progress,
     servers = {k: starting.ready[k] for k in alone}
     rows = up_report.ranking(alone)
     r = {"started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(progress.wall_start)),
-         "settings": settings_of(args, threads, kinds), "ranking": rows, "failed": failed,
+         "settings": settings_of(args, kinds), "ranking": rows, "failed": failed,
          "serving_after_s": {k: round(v, 1) for k, v in starting.ready_s.items()},
          "alone_note": alone_note(alone, starting, args.windows)}
     print("\n" + up_report.ranking_markdown(rows, failed) + "\n", flush=True)

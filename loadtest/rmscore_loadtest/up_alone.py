@@ -1,9 +1,9 @@
 """`rmscore up`, phase 1: one server at a time, the others idle.
 
-For one server: a short closed-loop concurrency ramp (1, 2, 4, ... until doubling stops paying)
-finds its capacity and the concurrency that carries it (`up_sizing.knee`); then `windows`
-repeated closed-loop windows at that concurrency give each figure (throughput, p50, p99) as a
-mean with a 95% interval over the windows. Requests are one sequence each, lengths from the
+For one server: a short closed-loop concurrency ramp (1, 2, 4, ... until doubling stops paying,
+then back down the same levels; `up_sizing.ramp_points`) finds its capacity and the concurrency
+where it is fastest (`up_sizing.fastest`); then `windows` repeated closed-loop windows at that
+concurrency give each figure (throughput, p50, p99) as a mean with a 95% interval over the windows. Requests are one sequence each, lengths from the
 RLHF lognormal mix: what a trainer's scoring calls look like, one pool shared by every server.
 All through the one caller (`caller.async_client`) and the one load generator (`loadgen`).
 """
@@ -28,16 +28,23 @@ def _point(r: dict) -> dict:
             "error_kinds": r["error_kinds"]}
 
 
+async def _level(client, requests: list, c: int, window_s: float, say, way: str) -> dict:
+    r = await loadgen.closed_loop(client, requests, c, window_s, max_settle_s=30, drain_timeout_s=30)
+    say(f"ramp {way} C={c}: {r['throughput_seq_s']:.1f} seq/s, p50 {r['latency_ms']['p50']:.0f} ms"
+        + (f", {r['errors']} errors {r['error_kinds']}" if r["errors"] else ""))
+    return _point(r)
+
+
 async def _ramp(client, requests: list, max_concurrency: int, window_s: float, say) -> list[dict]:
-    points: list[dict] = []
+    up: list[dict] = []
     for c in up_sizing.ramp_levels(max_concurrency):
-        r = await loadgen.closed_loop(client, requests, c, window_s, max_settle_s=30, drain_timeout_s=30)
-        points.append(_point(r))
-        say(f"ramp C={c}: {r['throughput_seq_s']:.1f} seq/s, p50 {r['latency_ms']['p50']:.0f} ms"
-            + (f", {r['errors']} errors {r['error_kinds']}" if r["errors"] else ""))
-        if up_sizing.ramp_finished([p["throughput"] for p in points]):
+        up.append(await _level(client, requests, c, window_s, say, "up"))
+        if up_sizing.ramp_finished([p["throughput"] for p in up]):
             break
-    return points
+    # Back down the same levels, the top one first again: each level's second window, so a drift
+    # over the ramp weighs on every level alike.
+    down = [await _level(client, requests, p["concurrency"], window_s, say, "down") for p in reversed(up)]
+    return up_sizing.ramp_points(up, down)
 
 
 async def _windows(client, requests: list, concurrency: int, n: int, window_s: float, say) -> list[dict]:
@@ -57,7 +64,7 @@ async def _measure(transport: str, target: str, settings: dict, say) -> dict:
     try:
         await loadgen.warmup(client, requests, 2, settings["warmup_s"])
         ramp = await _ramp(client, requests, settings["max_concurrency"], settings["ramp_window_s"], say)
-        concurrency, capacity = up_sizing.knee([(p["concurrency"], p["throughput"]) for p in ramp])
+        concurrency, capacity = up_sizing.fastest([(p["concurrency"], p["throughput"]) for p in ramp])
         window_s = settings["window_s"] or up_sizing.window_seconds(capacity)
         windows = await _windows(client, requests, concurrency, settings["windows"], window_s, say)
     finally:

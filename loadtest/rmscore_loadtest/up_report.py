@@ -209,16 +209,20 @@ def _plot_latency(plt, rows, alone, series):
 
 
 def _plot_ramp(plt, rows, alone, series):
-    """Phase 1: the concurrency ramp that found each server's capacity."""
+    """Phase 1: the concurrency ramp that found each server's capacity: each level's mean of its
+    windows up and down the ramp, the bar spanning the two."""
     fig, ax = plt.subplots(figsize=(7, 3.8))
     for r in rows:
         ramp = alone[r["kind"]]["ramp"]
-        ax.plot([p["concurrency"] for p in ramp], [p["throughput"] for p in ramp], marker="o", label=r["kind"])
+        xs, ys = [p["concurrency"] for p in ramp], [p["throughput"] for p in ramp]
+        ws = [p.get("windows", [p["throughput"]]) for p in ramp]
+        line, = ax.plot(xs, ys, marker="o", label=r["kind"])
+        ax.vlines(xs, [min(w) for w in ws], [max(w) for w in ws], color=line.get_color(), alpha=0.5)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("closed-loop concurrency (requests in flight)")
     ax.set_ylabel("sequences/s")
     ax.set_ylim(bottom=0)
-    ax.set_title("Capacity ramp (one short window per level)")
+    ax.set_title("Capacity ramp with each kind's defaults (mean of a window up and one down)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return fig

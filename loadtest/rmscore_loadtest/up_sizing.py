@@ -2,11 +2,12 @@
 
 Pure functions (no servers, no clock), so that the sizing is unit-tested on its own:
 
-* `threads_per_server`: every server gets an equal share of the cores, the same in both phases,
-  so the alone figures and the contended ones describe the same servers.
-* `ramp_levels`, `ramp_finished`, `knee`: the closed-loop concurrency ramp that finds a server's
-  capacity quickly, and the concurrency it is then measured at (the smallest that carries nearly
-  all of its capacity: more in flight only adds queueing, which would inflate the latencies).
+* `ramp_levels`, `ramp_finished`, `ramp_points`, `fastest`: the closed-loop concurrency ramp that
+  finds a server's capacity quickly, and the concurrency it is then measured at: the one where it
+  was fastest. The ramp goes up, then back down over the same levels, and each level's figure is
+  the mean of its two windows: a one-window ramp on a 2-core machine swung by +-10 % from window
+  to window, enough to draw a default that holds with load as one that loses, and a drift over
+  the ramp (caches, the cost profile's online refresh) adds the same to every level both ways.
 * `window_seconds`: one measurement window long enough for a useful p99 at that server's rate.
 * `contended_offers`: phase 2's offered load. Every server gets `utilization` x its capacity
   divided by the number of servers (its share of a machine they all use at once), so the sum
@@ -19,13 +20,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-
-def threads_per_server(cores: int, n_servers: int) -> int:
-    """Intra-op threads for each server: an equal share of the cores, at least one."""
-    if cores < 1 or n_servers < 1:
-        raise ValueError(f"need cores >= 1 and servers >= 1, got cores={cores} servers={n_servers}")
-    return max(1, cores // n_servers)
 
 
 def ramp_levels(max_concurrency: int) -> list[int]:
@@ -48,14 +42,28 @@ def ramp_finished(throughputs: list[float], min_gain: float = 1.10) -> bool:
     return not max(throughputs[-2:]) > min_gain * max(throughputs[:-2])
 
 
-def knee(points: list[tuple[int, float]], fraction: float = 0.9) -> tuple[int, float]:
-    """(concurrency, capacity): the capacity is the best throughput seen on the ramp; the
-    concurrency is the smallest whose throughput reached `fraction` of it."""
+def ramp_points(up: list[dict], down: list[dict]) -> list[dict]:
+    """One point per level of the upward pass: its throughput the mean of the level's windows on
+    both passes (a level the downward pass lacks keeps its one window), both kept as `windows`;
+    p50/p99 from the upward window, errors summed over both."""
+    later = {p["concurrency"]: p for p in down}
+    out = []
+    for p in up:
+        ws = [p["throughput"]] + ([later[p["concurrency"]]["throughput"]] if p["concurrency"] in later else [])
+        finite = [w for w in ws if math.isfinite(w)]
+        errors = p.get("errors", 0) + later.get(p["concurrency"], {}).get("errors", 0)
+        out.append({**p, "windows": ws, "errors": errors,
+                    "throughput": sum(finite) / len(finite) if finite else float("nan")})
+    return out
+
+
+def fastest(points: list[tuple[int, float]]) -> tuple[int, float]:
+    """(concurrency, capacity): the level with the best throughput (the lowest such level on a tie)."""
     usable = [(c, t) for c, t in points if math.isfinite(t) and t > 0]
     if not usable:
         raise ValueError(f"no ramp level produced a throughput: {points}")
     capacity = max(t for _, t in usable)
-    return min(c for c, t in usable if t >= fraction * capacity), capacity
+    return min(c for c, t in usable if t == capacity), capacity
 
 
 def window_seconds(capacity_seq_s: float, target_requests: int = 100, lo: float = 2.0, hi: float = 4.0) -> float:

@@ -56,19 +56,26 @@ def test_offers_refuse_a_utilization_that_lets_queues_grow(u):
         up_sizing.contended_offers(CAPACITIES, 60, u)
 
 
-def test_threads_split_the_cores():
-    assert up_sizing.threads_per_server(2, 5) == 1
-    assert up_sizing.threads_per_server(16, 5) == 3
-    assert up_sizing.threads_per_server(8, 2) == 4
-
-
 def test_ramp_stops_at_saturation_not_at_one_noisy_level():
     assert up_sizing.ramp_levels(64) == [1, 2, 4, 8, 16, 32, 64]
     assert up_sizing.ramp_levels(6) == [1, 2, 4, 6]
     assert not up_sizing.ramp_finished([10, 9])  # one dip is not saturation
     assert not up_sizing.ramp_finished([10, 9, 15])
     assert up_sizing.ramp_finished([10, 18, 19, 18])
-    assert up_sizing.knee([(1, 10), (2, 18), (4, 19), (8, 18)]) == (2, 19)
+    assert up_sizing.fastest([(1, 10), (2, 18), (4, 19), (8, 18)]) == (4, 19)
+    assert up_sizing.fastest([(1, 19), (2, 18), (4, 19)]) == (1, 19)  # a tie: fewer in flight
+    assert up_sizing.fastest([(1, float("nan")), (2, 5)]) == (2, 5)
+
+
+def test_ramp_points_average_both_passes():
+    up = [{"concurrency": 1, "throughput": 10.0, "errors": 0}, {"concurrency": 2, "throughput": 12.0, "errors": 1},
+          {"concurrency": 4, "throughput": 9.0, "errors": 0}]
+    down = [{"concurrency": 4, "throughput": 11.0, "errors": 2}, {"concurrency": 2, "throughput": 14.0, "errors": 0}]
+    pts = up_sizing.ramp_points(up, down)
+    assert [p["throughput"] for p in pts] == [10.0, 13.0, 10.0]  # level 1 was not measured on the way down
+    assert [p["windows"] for p in pts] == [[10.0], [12.0, 14.0], [9.0, 11.0]]
+    assert [p["errors"] for p in pts] == [0, 1, 2]
+    assert up_sizing.ramp_points(up[:1], [{"concurrency": 1, "throughput": float("nan")}])[0]["throughput"] == 10.0
 
 
 def test_window_holds_enough_answers():
