@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import re
 import secrets
 import shutil
 import subprocess
@@ -34,6 +33,7 @@ from harness import GOLDEN_SCORES as ALL_GOLDEN_SCORES
 from harness import pb, pbg
 from rmscore.tools import launch
 from rmscore_client import HttpRewardClient, RetryPolicy, RewardClient, Unauthenticated
+from rmscore_loadtest.observe import metric
 
 KINDS = servers.available_kinds()
 # One plaintext+token server for each distinct credentials path: C++, Python gRPC, Python HTTP.
@@ -100,9 +100,7 @@ def secure_channel(server, ca: pathlib.Path) -> grpc.Channel:
 
 
 def unauthenticated_count(server) -> float:
-    m = re.search(r'^rmscore_requests_total\{[^}]*code="UNAUTHENTICATED"[^}]*\} (\S+)$', server.metrics_text(),
-                  re.M)
-    return float(m.group(1)) if m else 0.0
+    return metric(server, "rmscore_requests_total", code="UNAUTHENTICATED")
 
 
 def client_for(server, **kw):

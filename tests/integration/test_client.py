@@ -15,7 +15,6 @@ import functools
 import json
 import os
 import random
-import re
 import signal
 import socket
 import threading
@@ -29,6 +28,7 @@ import servers
 from rmscore_client import (NO_RETRY, AsyncHttpRewardClient, AsyncRewardClient, DeadlineExceeded,
                             HttpRewardClient, InvalidInput, Overloaded, RetryPolicy, RewardClient, ScoreResult,
                             Unavailable)
+from rmscore_loadtest.observe import metric
 
 MODEL = servers.MODEL
 MANIFEST = json.loads((MODEL / "manifest.json").read_text())
@@ -141,16 +141,6 @@ def assert_scores(got: list[float], want: list[float]) -> None:
     diff = np.abs(np.asarray(got) - np.asarray(want))
     worst = int(diff.argmax())
     assert diff[worst] <= TOL, f"score {worst}: {got[worst]} vs reference {want[worst]}"
-
-
-def metric(server: servers.RunningServer, name: str, **labels) -> float:
-    """Sum of a metric's samples (over the given label values) from the server's /metrics."""
-    total = 0.0
-    for line in server.metrics_text().splitlines():
-        m = re.match(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)", line)
-        if m and m.group(1) == name and all(f'{k}="{v}"' in (m.group(2) or "") for k, v in labels.items()):
-            total += float(m.group(3))
-    return total
 
 
 def texts(n: int, seed: int) -> tuple[list[str], list[str]]:

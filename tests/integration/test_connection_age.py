@@ -16,6 +16,7 @@ import socket
 import struct
 import threading
 import time
+import types
 
 import httpx
 import pytest
@@ -24,6 +25,7 @@ import servers
 from harness import GOLDEN_IDS
 from rmscore.tools import launch
 from rmscore_client import AsyncRewardClient
+from rmscore_loadtest.observe import metric
 
 # The connection age is the gRPC frontend's.
 KINDS = [k for k in servers.frontend_kinds() if launch.transport(k) == "grpc"]
@@ -72,9 +74,10 @@ class TinyDns:
 
 
 def ok_requests(metrics_port: int, host: str) -> float:
-    text = httpx.get(f"http://{host}:{metrics_port}/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("rmscore_requests_total{") and 'code="OK"' in line)
+    """Requests answered OK, summed over the label sets, from the /metrics of the replica at `host`."""
+    scrape = types.SimpleNamespace(metrics_text=lambda: httpx.get(f"http://{host}:{metrics_port}/metrics",
+                                                                  timeout=10).text)
+    return metric(scrape, "rmscore_requests_total", code="OK")
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import socket
 import time
 
@@ -24,6 +23,7 @@ import pytest
 import requests
 
 import servers
+from rmscore_loadtest.observe import metric
 from test_client import assert_scores, local_tokenizer, ort_scores
 
 EOS = "</s>"
@@ -63,8 +63,8 @@ def shards(n: int, urls: list[str]) -> list[tuple[int, int]]:
 
 
 def format_counts(server) -> dict[str, float]:
-    pat = r'^rmscore_get_reward_sequences_total\{[^}]*format="(\w+)"[^}]*\} ([0-9.e+]+)$'
-    return {f: float(v) for f, v in re.findall(pat, server.metrics_text(), re.M)}
+    """Sequences counted per format, summed over the server's label sets (as observe.metric sums)."""
+    return {f: metric(server, "rmscore_get_reward_sequences_total", format=f) for f in ("pair", "one_segment")}
 
 
 def test_whole_batch_far_above_the_queue_is_served(server):
@@ -138,23 +138,19 @@ def test_reward_func_file_loaded_and_called_as_openrlhf_does(tmp_path, monkeypat
     assert_scores([float(r["rewards"][0]) for r in got], ort_scores([want_ids(f"q{i}", "a") for i in range(4)]))
 
 
-def metric(server, name: str, labels: str = "") -> float:
-    m = re.search(rf"^{name}\{{[^}}]*{labels}[^}}]*\}} ([0-9.e+]+)$", server.metrics_text(), re.M)
-    return float(m.group(1)) if m else 0.0
-
-
 def test_client_gone_drops_its_queued_parts(server):
     """A client that disconnects while its batch is being fed to the queue leaves nothing behind:
     the queued parts are dropped (cancelled) and no later part is queued."""
     scored0 = metric(server, "rmscore_sequences_scored_total")
-    dropped0 = metric(server, "rmscore_sequences_dropped_total", 'reason="cancelled"')
+    dropped0 = metric(server, "rmscore_sequences_dropped_total", reason="cancelled")
     body = json.dumps({"query": [f"q{i}" for i in range(BATCH)]}).encode()
     sock = socket.create_connection(("127.0.0.1", server.port))
     sock.sendall(b"POST /get_reward HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
     deadline = time.monotonic() + 60
-    while metric(server, "rmscore_queue_depth") == 0 and time.monotonic() < deadline:
+    while (depth := metric(server, "rmscore_queue_depth")) == 0 and time.monotonic() < deadline:
         time.sleep(0.02)
+    assert depth > 0, "the batch never reached the queue"
     sock.close()
     while metric(server, "rmscore_queue_depth") > 0 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -162,7 +158,7 @@ def test_client_gone_drops_its_queued_parts(server):
     time.sleep(1.0)  # a batch already in the model finishes; nothing after it may start
     assert metric(server, "rmscore_sequences_scored_total") == settled, "parts kept coming after the client left"
     assert settled - scored0 < BATCH / 2
-    assert metric(server, "rmscore_sequences_dropped_total", 'reason="cancelled"') > dropped0
+    assert metric(server, "rmscore_sequences_dropped_total", reason="cancelled") > dropped0
 
 
 def test_empty_shards_get_empty_lists(server):
@@ -198,8 +194,8 @@ def test_per_sample_concurrent_with_a_prompt_cut_from_the_left(server):
     got = asyncio.run(run())
     assert_scores(got, ort_scores([want_ids(p, r) for p, r in samples]))
     after = format_counts(server)
-    assert after["pair"] - before.get("pair", 0) == 3
-    assert after["one_segment"] == before.get("one_segment", 0)
+    assert after["pair"] - before["pair"] == 3
+    assert after["one_segment"] == before["one_segment"]
 
 
 def test_query_without_its_prompt_is_counted_and_logged(server):
@@ -209,7 +205,7 @@ def test_query_without_its_prompt_is_counted_and_logged(server):
     answer = post_like_090(server.base_url + "/get_reward",
                            {"query": [query], "prompts": ["the prompt that was sent"], "labels": [None]})
     assert_scores(answer["rewards"], ort_scores([local_tokenizer().encode("a completely different text").ids]))
-    assert format_counts(server)["one_segment"] == before.get("one_segment", 0) + 1
+    assert format_counts(server)["one_segment"] == before["one_segment"] + 1
     deadline = time.monotonic() + 5
     while "scored as one segment" not in server.log() and time.monotonic() < deadline:
         time.sleep(0.1)

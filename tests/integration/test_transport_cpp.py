@@ -15,7 +15,6 @@ docs/hardening.md, "Transport attacks (C++)".
 
 from __future__ import annotations
 
-import re
 import signal
 import threading
 import time
@@ -27,6 +26,7 @@ import pytest
 
 import servers
 from harness import GOLDEN_IDS, pb, pbg
+from rmscore_loadtest.observe import metric
 from rmscore_loadtest.reliability import h2raw
 
 pytestmark = pytest.mark.skipif("cpp-grpc" not in servers.available_kinds(), reason="cpp-grpc is not built")
@@ -117,6 +117,8 @@ class Sampler:
     """Samples the server's RSS and probes it from other clients while an attack runs."""
 
     def __init__(self, server, probe_every_s: float = 0.25):
+        # metric() reads an absent series as 0, which would pass any bound on the queue: it must be there.
+        assert "rmscore_queue_depth{" in server.metrics_text(), "rmscore_queue_depth missing from /metrics"
         self.server, self.every = server, probe_every_s
         self.peak_rss = self.base_rss = vm_mib(server.proc.pid, "VmRSS")
         self.probes: list[tuple[str, float]] = []
@@ -130,8 +132,7 @@ class Sampler:
             self.peak_rss = max(self.peak_rss, vm_mib(self.server.proc.pid, "VmRSS"))
             if time.monotonic() >= next_probe:
                 self.probes.append(probe(self.server.port))
-                depth = re.search(r"^rmscore_queue_depth(?:\{[^}]*\})? (\S+)$", self.server.metrics_text(), re.M)
-                self.peak_queue = max(self.peak_queue, float(depth.group(1)))
+                self.peak_queue = max(self.peak_queue, metric(self.server, "rmscore_queue_depth"))
                 next_probe = time.monotonic() + self.every
             time.sleep(0.02)
 
