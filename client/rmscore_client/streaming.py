@@ -22,6 +22,22 @@ from .policy import now, with_retry
 
 _DONE = object()  # in `results`: the stream ended well; the caller's items, in `HttpStream.inbox`
 
+# What grpcio's asyncio client reports, INTERNAL, when a write fails because the server has ended
+# the call (grpc/_cython/_cygrpc/aio/call.pyx.pxi, set_internal_error): the server's own status (a
+# draining replica's UNAVAILABLE) is lost on the client. It is never a server's status, whose
+# INTERNAL details are rmscore's own ("batch failed: ..."). A CI run met it once as a replica
+# drained while the client was writing.
+_LOST_STATUS_DETAILS = "Internal error from Core"
+
+
+def _stream_error(e: grpc.aio.AioRpcError) -> RewardServerError:
+    """The error a broken ScoreStream call stands for: the call ended under a write is read as the
+    server having ended it (UNAVAILABLE: reopen, and send what is unanswered again)."""
+    if e.code() == grpc.StatusCode.INTERNAL and e.details() == _LOST_STATUS_DETAILS:
+        return Unavailable("UNAVAILABLE", f"the call ended while an item was being written "
+                                          f"(grpc: {_LOST_STATUS_DETAILS}, the server's status lost)")
+    return from_rpc_error(e)
+
 
 class _Fail:
     """In `results`: the stream ends, raising `exc`."""
@@ -196,7 +212,7 @@ class GrpcStream(_Stream):
                 return None
             return Unavailable("UNAVAILABLE", f"stream ended with {len(self.pending)} items unanswered")
         except grpc.aio.AioRpcError as e:
-            return from_rpc_error(e)
+            return _stream_error(e)
         except _Reconnect as e:
             return e.err
         finally:
