@@ -1,16 +1,15 @@
 """`rmscore hardening`: every fault scenario and the hostile-input corpus on every server kind, as a report.
 
-    rmscore hardening                                        # all kinds, report sizes, docs/hardening.md
+    rmscore hardening                                        # all kinds, report sizes
     rmscore hardening --kinds cpp-grpc --soak-seconds 1800   # one kind, a longer soak
     rmscore hardening --report-only docs/hardening/results.json
 
 Per kind, one server serves overload, cancel, the hostile corpus and the soak; it is then SIGKILLed
 mid-rollout and restarted on its port, and the restarted one is drained with SIGTERM (so a slow
 warm-up, the compile kind's, is paid twice). Writes OUT/results.json, OUT/report.md, OUT/*.png and
-the figures section of --doc (between its marker comments, appended when it has none; the prose
-stays). docs/hardening.md, the default, is reference and has none: pass --doc '' and file the run
-under docs/bench/. The
-servers run on 127.0.0.1 (rmscore.tools.launch.start), plaintext and without an auth token.
+with --doc, the figures section of that markdown file (between its marker comments, appended
+when it has none; the prose stays). By default no doc is touched: docs/hardening.md is reference,
+and a run worth keeping is filed under docs/bench/ with its date. The servers run on 127.0.0.1 (rmscore.tools.launch.start), plaintext and without an auth token.
 """
 
 from __future__ import annotations
@@ -35,8 +34,9 @@ def add_parsers(sub) -> None:
                        description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("--kinds", type=comma_list(), help=f"server kinds, comma-separated, from {', '.join(ALL_KINDS)}")
     p.add_argument("--out", default="docs/hardening", help="output directory (default: %(default)s)")
-    p.add_argument("--doc", default="docs/hardening.md",
-                   help="markdown file whose figures section is rewritten ('' for none; default: %(default)s)")
+    p.add_argument("--doc", default="",
+                   help="markdown file whose figures section is rewritten (default: none; docs/hardening.md is "
+                        "reference, dated runs go under docs/bench/)")
     p.add_argument("--overload-seconds", type=float, default=15.0, help="open-loop overload (default: %(default)s)")
     p.add_argument("--overload-factor", type=float, default=4.0, help="x the measured capacity (default: %(default)s)")
     p.add_argument("--soak-seconds", type=float, default=120.0, help="measured soak (default: %(default)s)")
