@@ -19,6 +19,11 @@ void ConfigureTransport(const Config& cfg, grpc::ServerBuilder* builder) {
   // headers, UNIMPLEMENTED "Compression algorithm 'gzip' is disabled.", before a byte is inflated.
   // Its grpc-accept-encoding answer tells clients to send identity.
   builder->AddChannelArgument(GRPC_COMPRESSION_CHANNEL_ENABLED_ALGORITHMS_BITSET, 1 << GRPC_COMPRESS_NONE);
+  // Advertised in SETTINGS: gRPC clients hold the calls over it until a stream ends (3000 grpcio
+  // calls at once on one channel: all OK). gRPC 1.51 also enforces it as a connection error: a client
+  // that opens one stream more than it has acknowledged loses the connection (no GOAWAY; the calls it
+  // had open end UNAVAILABLE "Failed parsing HTTP/2"). No 1.51 argument makes that a REFUSED_STREAM;
+  // docs/contract.md, "Streams per connection", tells clients what to do.
   builder->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, MaxConcurrentStreams(cfg));
   // gRPC's defaults, set here so they are stated: a PING flood on a connection gets GOAWAY after
   // kMaxPingStrikes + 1 PINGs (measured: under 100, docs/hardening.md); the interval lets clients
