@@ -427,3 +427,93 @@ def test_the_item_timeout_runs_from_the_first_send_across_resends(top_of_range):
     assert [at for at, _ in r.calls[0].requests] == pytest.approx([0.0, 1.7])
     assert isinstance(exc, DeadlineExceeded) and exc.item_id == item(0)[0] and exc.attempts == 2
     assert 2.0 <= t <= 2.05
+
+
+# ---- the HTTP stream: small batches, each under the retry policy ------------------------------------
+
+class Batches:
+    """`_score_once` of an AsyncHttpRewardClient (the one request the HTTP stream sends per batch):
+    records each batch (when, the item numbers, the `left` it was given) and answers as `answer` says."""
+
+    def __init__(self, answer=None, takes_s: float = 0.0):
+        self.sent: list[tuple[float, list[int], float | None]] = []
+        self.answer, self.takes_s = answer, takes_s
+
+    async def __call__(self, seqs, truncation, timeout_s):
+        ks = [s[0] for s in seqs]
+        self.sent.append((virtual_time.now(), ks, timeout_s))
+        if self.takes_s:
+            await asyncio.sleep(self.takes_s)
+        if self.answer is not None:
+            self.answer(ks, len(self.sent))
+        return [score_of(k) for k in ks], "v1", (1.0, 1.0, 0.0)
+
+
+def http_client(batches: Batches, **kw):
+    from rmscore_client import AsyncHttpRewardClient
+
+    kw.setdefault("timeout_s", None)
+    c = AsyncHttpRewardClient("http://fake:1", **kw)
+    c._score_once = batches
+    return c
+
+
+def test_http_items_are_gathered_into_batches_of_chunk_size_and_each_answered_once():
+    b = Batches()
+    got, exc, _ = stream(http_client(b, chunk_size=3), [item(k) for k in range(7)])
+    assert exc is None
+    assert_each_scored_once(got, 7)
+    assert [ks for _, ks, _ in b.sent] == [[0, 1, 2], [3, 4, 5], [6]]
+
+
+def test_http_a_batch_refused_as_invalid_is_resent_item_by_item_so_only_the_bad_one_fails():
+    def invalid_with_2(ks, _):
+        if 2 in ks:
+            raise InvalidInput("INVALID_ARGUMENT", "token id 2 is bad")
+
+    b = Batches(invalid_with_2)
+    got, exc, _ = stream(http_client(b, chunk_size=4), [item(k) for k in range(4)], errors="yield")
+    assert exc is None and len(got) == 4
+    by_id = {uid: res for uid, res, _ in got}
+    err = by_id.pop(item(2)[0])
+    assert isinstance(err, InvalidInput) and err.item_id == item(2)[0]
+    assert by_id == {item(k)[0]: score_of(k) for k in (0, 1, 3)}
+    assert sorted(map(tuple, (ks for _, ks, _ in b.sent))) == [(0,), (0, 1, 2, 3), (1,), (2,), (3,)]
+
+
+def test_http_an_overloaded_batch_is_retried_after_a_backoff(top_of_range):
+    def overloaded_once(ks, n):
+        if n == 1:
+            raise Overloaded("RESOURCE_EXHAUSTED", "queue full")
+
+    b = Batches(overloaded_once)
+    got, exc, _ = stream(http_client(b, chunk_size=2, retry=RetryPolicy(initial_backoff_s=0.3)),
+                         [item(k) for k in range(2)])
+    assert exc is None
+    assert_each_scored_once(got, 2)
+    assert [(t, ks) for t, ks, _ in b.sent] == [(0.0, [0, 1]), (pytest.approx(0.3), [0, 1])]
+
+
+def test_http_each_batch_gets_what_is_left_of_the_streams_deadline():
+    async def items():
+        for k in range(2):
+            yield item(k)
+            await asyncio.sleep(1.0)
+
+    b = Batches()
+    got, exc, _ = stream(http_client(b, chunk_size=1), items(), timeout_s=5.0)
+    assert exc is None
+    assert [left for _, _, left in b.sent] == pytest.approx([5.0, 4.0])
+
+
+@pytest.mark.xfail(strict=True, reason="HttpStream._score zips scores with the batch: a short answer drops the "
+                                       "last items without an error (score_ids checks the count; the stream does not)")
+def test_http_a_batch_answered_with_too_few_scores_still_answers_every_item():
+    class Short(Batches):
+        async def __call__(self, seqs, truncation, timeout_s):
+            scores, version, timings = await super().__call__(seqs, truncation, timeout_s)
+            return scores[:-1], version, timings
+
+    got, exc, _ = stream(http_client(Short(), chunk_size=3), [item(k) for k in range(3)], errors="yield")
+    assert exc is None
+    assert sorted(uid for uid, _, _ in got) == [item(k)[0] for k in range(3)]
