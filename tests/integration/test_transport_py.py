@@ -86,6 +86,42 @@ def test_stalled_body_times_out_with_408_and_closes(running):
     assert 1.9 < took < 8.0, took  # body_timeout_seconds is 2; before it: no answer at all
 
 
+def _closed_within(s: socket.socket, limit_s: float, trickle: bytes = b"") -> float:
+    """Seconds until the server closed `s` while `trickle` was sent a byte every 0.25 s (then nothing);
+    fails if it is still open after `limit_s`."""
+    s.settimeout(0.25)
+    t0, i = time.perf_counter(), 0
+    while time.perf_counter() - t0 < limit_s:
+        if i < len(trickle):
+            try:
+                s.sendall(trickle[i:i + 1])
+            except OSError:  # closed under the write
+                return time.perf_counter() - t0
+            i += 1
+        try:
+            if s.recv(1 << 16) == b"":
+                return time.perf_counter() - t0
+        except socket.timeout:
+            continue
+        except OSError:
+            return time.perf_counter() - t0
+    raise AssertionError(f"connection still open after {limit_s} s ({i} bytes sent)")
+
+
+@pytest.mark.parametrize("trickle", [b"", b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200],
+                         ids=["silent", "a-byte-at-a-time"])
+def test_headers_not_received_in_time_close_the_connection(running, trickle):
+    # uvicorn arms no timer while headers arrive, and any byte cancels its keep-alive timer: before
+    # frontends/http_protocol.py both connections stayed open for as long as the client liked.
+    server = kind(running, HTTP)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+        took = _closed_within(s, 10.0, trickle)
+    assert 1.9 < took < 6.0, took  # body_timeout_seconds is 2
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:  # a prompt request is served
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert _read_all(s, 5).startswith(b"HTTP/1.1 200 ")
+
+
 def test_bodies_past_the_budget_are_refused_at_once(running):
     server = kind(running, HTTP)
     first = transport._stall_http(server.port, 3 * MiB, timeout_s=10)  # holds 3 of the 4 MiB budget

@@ -25,6 +25,7 @@ from rmscore.frontends import json_body, openrlhf, reward_text, vllm_api
 from rmscore.core.scoring import SERVING, ScoringCore
 from rmscore.frontends.process import exit_code, write_port_file
 from rmscore.frontends.drain import Drain
+from rmscore.frontends.http_protocol import with_header_deadline
 from rmscore.frontends.http_errors import VLLM_PATHS, error_response, refusal, vllm_error_response
 from rmscore.frontends.memory import start_trimming
 from rmscore.frontends.model_info import model_info
@@ -439,10 +440,11 @@ def run(cfg: ServeConfig) -> int:
         asgi = _TokenCheck(asgi, cfg.auth_token, core)
     asgi = _OneFraming(asgi)  # outermost: a request whose length is in doubt goes no further
     tls = dict(ssl_certfile=str(cfg.tls_cert_file), ssl_keyfile=str(cfg.tls_key_file)) if cfg.tls else {}
-    # http="h11", not uvicorn's "auto" (httptools wherever it is installed): the parser whose framing
-    # tests/integration/test_transport_py.py checks, whatever else the venv holds.
+    # h11, not uvicorn's "auto" (httptools wherever it is installed): the parser whose framing
+    # tests/integration/test_transport_py.py checks, whatever else the venv holds; with request
+    # headers due within body_timeout_seconds (frontends/http_protocol.py: uvicorn has no such timer).
     config = uvicorn.Config(asgi, log_level="warning", timeout_graceful_shutdown=int(cfg.drain_grace_seconds),
-                            access_log=False, http="h11", **tls)
+                            access_log=False, http=with_header_deadline(cfg.body_timeout_seconds), **tls)
     server = _DrainingServer(config, core)
     write_port_file(cfg.port_file, port, port)
     failed = []
