@@ -317,6 +317,9 @@ class HttpStream(_Stream):
                 t = client.timeout_s if self.deadline is None else min(client.timeout_s or self._left(), self._left())
                 (got, _, _), _ = await with_retry(
                     lambda rem: client._score_once([ids for _, ids in batch], self.truncation, rem), t, client.retry)
+                if len(got) != len(batch):  # as score_ids checks: zip would drop the last items unanswered
+                    raise RewardServerError("INTERNAL", f"server answered {len(got)} scores for {len(batch)} "
+                                                        "sequences")
                 for (uid, _), s in zip(batch, got):
                     self.results.put_nowait((uid, s))
                 return

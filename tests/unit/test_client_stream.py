@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from rmscore_client import AsyncRewardClient, RetryPolicy
-from rmscore_client.errors import DeadlineExceeded, InvalidInput, Overloaded, Unavailable
+from rmscore_client.errors import DeadlineExceeded, InvalidInput, Overloaded, RewardServerError, Unavailable
 from rmscore_client.v1 import reward_pb2 as pb
 
 import virtual_time
@@ -506,9 +506,7 @@ def test_http_each_batch_gets_what_is_left_of_the_streams_deadline():
     assert [left for _, _, left in b.sent] == pytest.approx([5.0, 4.0])
 
 
-@pytest.mark.xfail(strict=True, reason="HttpStream._score zips scores with the batch: a short answer drops the "
-                                       "last items without an error (score_ids checks the count; the stream does not)")
-def test_http_a_batch_answered_with_too_few_scores_still_answers_every_item():
+def test_http_a_batch_answered_with_too_few_scores_fails_every_item():
     class Short(Batches):
         async def __call__(self, seqs, truncation, timeout_s):
             scores, version, timings = await super().__call__(seqs, truncation, timeout_s)
@@ -517,3 +515,4 @@ def test_http_a_batch_answered_with_too_few_scores_still_answers_every_item():
     got, exc, _ = stream(http_client(Short(), chunk_size=3), [item(k) for k in range(3)], errors="yield")
     assert exc is None
     assert sorted(uid for uid, _, _ in got) == [item(k)[0] for k in range(3)]
+    assert all(isinstance(x, RewardServerError) and x.code == "INTERNAL" for _, x, _ in got), got
