@@ -110,7 +110,7 @@ class RewardModelServicer(reward_pb2_grpc.RewardModelServicer):
         """Each item is scored on its own task; answers go out as soon as each is ready. At most
         max_stream_items_in_flight items are scored or unsent at once: at the bound the reader stops
         reading, so HTTP/2 flow control holds the client back, and one stream cannot fill the shared
-        queue (issue 20: one flooding stream made 41 of 43 other callers fail)."""
+        queue (a flooding stream made 41 of 43 other callers fail before this bound)."""
         answers: asyncio.Queue = asyncio.Queue()
         slots = asyncio.Semaphore(self.max_stream_items_in_flight)
         deadline = _deadline(context)
@@ -206,7 +206,7 @@ DEALLOCATING_STREAMS_PER_STREAM = 10
 
 
 def transport_limit_options(cfg: ServeConfig) -> list[tuple[str, int]]:
-    """The gRPC channel arguments of the transport limits (issue 20, items 6 and 7)."""
+    """The gRPC channel arguments of the transport limits (docs/hardening.md, "Transport attacks (Python)")."""
     # No compressed requests, as in the C++ server: gRPC inflates a message whole before comparing it
     # with the receive limit (a 1 MiB gzip bomb took C++ to +1 GiB), so the contract is identity only,
     # and a compressed request is refused UNIMPLEMENTED at its headers on every kind (bit 0: identity).

@@ -78,7 +78,7 @@ def _drop_tracebacks(exc: BaseException) -> None:
     """FastAPI's body reading ends in `raise http_error from e`, a reference cycle (the raising frame
     holds http_error); through its cause's traceback the cycle held the partial body of a client that
     went away or stalled (up to max_request_bytes each) until a full garbage collection, which an idle
-    server may not run for minutes: 40 stalled 15 MiB bodies left +12 % resident (issue 20). The
+    server may not run for minutes: 40 stalled 15 MiB bodies left +12 % resident (docs/hardening.md, "Transport attacks (Python)"). The
     answer is made; the frames are not needed."""
     for _ in range(8):  # the chain is short; bounded all the same
         if exc is None:
@@ -236,7 +236,7 @@ class _OneFraming:
     """ASGI middleware: a request with both Content-Length and Transfer-Encoding is answered 400 and
     its connection closed (RFC 9112 6.3: a server may not trust either length then, and what follows
     on the connection may be a smuggled request). h11 accepts a well-chunked such body and served the
-    bytes after it as a second request (issue 20)."""
+    bytes after it as a second request)."""
 
     def __init__(self, app):
         self.app = app
@@ -259,7 +259,7 @@ class _BodyRefused(Exception):
 class _BodyBudget:
     """ASGI middleware: a body must arrive whole within `timeout_s` (else 408), and the bodies being
     received, summed over every connection, stay within `limit` bytes (else 413 RESOURCE_EXHAUSTED):
-    40 clients each sending most of a 16 MiB body and then stalling held 650 MiB (issue 20). A body's
+    40 clients each sending most of a 16 MiB body and then stalling held 650 MiB (stalled bodies, docs/hardening.md). A body's
     Content-Length is reserved before it is read; a chunked one is counted as it comes; both are
     released once the body is complete. The refused connection is closed: its body was not read."""
 
