@@ -184,3 +184,52 @@ def test_tokenizing_stops_when_the_caller_goes(server):
     with Probes(server) as probes:
         pass
     assert not probes.failures, probes.failures
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def tight(request):
+    """A server whose work bound is 1 s, so that a few seconds of tokenizing ahead is over it, and
+    whose texts may be long, so that those seconds are a few texts, not a long model run after."""
+    s = servers.start(request.param, max_queue_wait_seconds=1, max_text_chars=4_000_000)
+    yield s
+    s.stop()
+
+
+def test_tokenizing_ahead_is_counted_by_admission(tight):
+    """While one caller's texts (about 4 s of tokenizing here) are tokenized, another text request is
+    refused RESOURCE_EXHAUSTED at once for the tokenizing ahead; before, admission saw none of it."""
+    from rmscore_client.v1 import reward_pb2, reward_pb2_grpc
+
+    texts = ["hello world " * 200_000 + str(i) for i in range(3)]  # 7.2 M characters
+
+    def score(prompts: list[str], timeout: float) -> tuple[str, str]:
+        if tight.transport == "http":
+            r = httpx.post(tight.base_url + "/rmscore/v1/score", timeout=timeout, json={
+                "truncation": "left", "sequences": [{"prompt": p, "response": "ok"} for p in prompts]})
+            return ("OK", "") if r.status_code == 200 else (r.json()["error"]["code"], r.json()["error"]["message"])
+        with grpc.insecure_channel(tight.target) as ch:
+            try:
+                reward_pb2_grpc.RewardModelStub(ch).Score(reward_pb2.ScoreRequest(
+                    truncation=reward_pb2.TRUNCATION_LEFT, sequences=[reward_pb2.Sequence(
+                        text=reward_pb2.TextPair(prompt=p, response="ok")) for p in prompts]), timeout=timeout)
+            except grpc.RpcError as e:
+                return e.code().name, e.details()
+        return "OK", ""
+
+    big = threading.Thread(target=lambda: score(texts, 30), daemon=True)
+    big.start()
+    # Small text requests while it runs: the first sent after its body is in and its tokenizing is
+    # counted is refused (how soon that is depends on the transport and the machine).
+    answers = []
+    while big.is_alive() and not any(code != "OK" for code, _, _ in answers):
+        time.sleep(0.1)
+        t = time.perf_counter()
+        answers.append((*score(["why?"], 10), time.perf_counter() - t))
+    big.join(30)
+    refused = [a for a in answers if a[0] != "OK"]
+    assert refused, answers
+    code, message, elapsed = refused[0]
+    assert code == "RESOURCE_EXHAUSTED" and "of tokenizing waiting exceeds max_queue_wait_seconds" in message, \
+        (code, message)
+    assert elapsed < 1.0, elapsed
+    assert score(["why?"], 10) == ("OK", "")  # once it is done, text is taken again
