@@ -155,3 +155,30 @@ def test_encode_counted_keeps_order_and_passes_ids_through():
     with pytest.raises(ScoreError, match="101 characters exceed max_text_chars 100"):
         asyncio.run(encode_counted(pool, enc, ["ok", "y" * 101]))
     assert pool.wait_s() == 0
+
+
+def test_callers_take_turns_piece_by_piece():
+    """A small request waits for the piece running now, not for a large one's whole text (issue 29:
+    six large requests held the shared pool and a normal one took 22.6 s)."""
+    order = []
+
+    def piece(name):
+        time.sleep(0.05)
+        order.append(name)
+        return [name]
+
+    async def main():
+        pool = TokenizePool(60.0, threads=1)
+        big = asyncio.ensure_future(pool.run([(lambda k=k: piece(f"big{k}"), 10) for k in range(6)], None))
+        await asyncio.sleep(0.01)
+        small = await pool.run([(lambda: piece("small"), 10)], None)
+        assert await big == [f"big{k}" for k in range(6)]
+        # A failing piece reaches its caller, and nothing of its request stays counted.
+        with pytest.raises(ScoreError, match="bad text"):
+            await pool.run([(lambda: (_ for _ in ()).throw(ScoreError(Code.INVALID_ARGUMENT, "bad text")), 10),
+                            (lambda: piece("after the error"), 10)], None)
+        return pool, small
+
+    pool, small = asyncio.run(main())
+    assert small == ["small"] and order.index("small") <= 2, order
+    assert "after the error" not in order and pool.wait_s() == 0

@@ -11,6 +11,8 @@ Why each part:
   model's 131,072 characters here).
 - The pool has TOKENIZE_THREADS threads of its own: requests that tokenize never take the
   default executor that JSON decoding and token-id checks use, and never more threads than this.
+  The threads take the callers' pieces in turn (round robin): six large requests held the shared
+  pool and a normal one waited 22.6 s behind them; now it waits for the pieces running.
 - Admission counts tokenizing as it counts model work: the characters accepted and not yet
   tokenized, at the measured seconds per character, spread over the threads. A request that would
   wait longer than --max-queue-wait-seconds for them is refused RESOURCE_EXHAUSTED, or
@@ -25,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
 from typing import Callable, Sequence
 
 from rmscore.core.errors import Code, ScoreError, invalid
@@ -76,73 +78,137 @@ def pieces(chars: Sequence[int], limit: int = PIECE_CHARS) -> list[range]:
     return out
 
 
+class _Job:
+    """One caller's pieces: results by index, and how far the threads have got."""
+
+    def __init__(self, work, loop: asyncio.AbstractEventLoop, future: asyncio.Future):
+        self.work, self.loop, self.future = list(work), loop, future
+        self.results: list = [None] * len(self.work)
+        self.next = 0  # the first piece no thread has taken
+        self.running = 0
+        self.stopped = False  # cancelled, or a piece failed: no further piece starts
+        self.error: BaseException | None = None
+
+    def finish(self) -> None:
+        if self.stopped and self.error is None:  # cancelled: its future is cancelled, nothing to set
+            return
+        outcome = self.error if self.error is not None else [x for r in self.results for x in r]
+        self.loop.call_soon_threadsafe(_resolve, self.future, outcome)
+
+
+def _resolve(future: asyncio.Future, outcome) -> None:
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
+
+
 class TokenizePool:
+    """TOKENIZE_THREADS threads taking pieces from the callers in turn (round robin), so a small
+    request waits for the pieces running now, not for a large one's whole text."""
+
     def __init__(self, max_wait_s: float, threads: int = TOKENIZE_THREADS):
         self.threads = threads
         self.max_wait_s = max_wait_s  # 0: no bound (deadlines are still checked)
-        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="rmscore-tokenize")
         self._mu = threading.Lock()
+        self._cv = threading.Condition(self._mu)
+        self._jobs: deque[_Job] = deque()  # callers with pieces not yet taken, in turn
+        self._closed = False
         self._chars = 0  # accepted and not yet tokenized
         self.s_per_char = SEED_S_PER_CHAR
+        self._workers = [threading.Thread(target=self._work, name=f"rmscore-tokenize-{k}", daemon=True)
+                         for k in range(threads)]
+        for t in self._workers:
+            t.start()
 
     def wait_s(self, more: int = 0) -> float:
         with self._mu:
             return (self._chars + more) * self.s_per_char / self.threads
 
-    def _admit(self, chars: int, deadline_s: float | None) -> None:
-        with self._mu:
-            ahead = self._chars * self.s_per_char / self.threads
-            mine = chars * self.s_per_char / self.threads
-            # The request's own tokenizing counts only when it alone is not the whole wait: an idle
-            # pool takes any request the caps let through (its size is bounded by them).
-            if self._chars > 0 and self.max_wait_s > 0 and ahead + mine > self.max_wait_s:
-                raise ScoreError(Code.RESOURCE_EXHAUSTED,
-                                 f"queue full: about {int((ahead + mine) * 1000)} ms of tokenizing waiting exceeds "
-                                 f"max_queue_wait_seconds ({int(self.max_wait_s * 1000)} ms)")
-            left = None if deadline_s is None else deadline_s - time.monotonic()
-            if left is not None and ahead + mine > left:
-                raise ScoreError(Code.DEADLINE_EXCEEDED,
-                                 f"deadline exceeded before scoring: about {int((ahead + mine) * 1000)} ms of "
-                                 f"tokenizing waiting, {max(0, int(left * 1000))} ms left before the deadline")
-            self._chars += chars
+    def _admit_locked(self, chars: int, deadline_s: float | None) -> None:
+        ahead = self._chars * self.s_per_char / self.threads
+        mine = chars * self.s_per_char / self.threads
+        # The request's own tokenizing counts only when it alone is not the whole wait: an idle
+        # pool takes any request the caps let through (its size is bounded by them).
+        if self._chars > 0 and self.max_wait_s > 0 and ahead + mine > self.max_wait_s:
+            raise ScoreError(Code.RESOURCE_EXHAUSTED,
+                             f"queue full: about {int((ahead + mine) * 1000)} ms of tokenizing waiting exceeds "
+                             f"max_queue_wait_seconds ({int(self.max_wait_s * 1000)} ms)")
+        left = None if deadline_s is None else deadline_s - time.monotonic()
+        if left is not None and ahead + mine > left:
+            raise ScoreError(Code.DEADLINE_EXCEEDED,
+                             f"deadline exceeded before scoring: about {int((ahead + mine) * 1000)} ms of "
+                             f"tokenizing waiting, {max(0, int(left * 1000))} ms left before the deadline")
+        self._chars += chars
 
-    def _done(self, chars: int, elapsed_s: float | None) -> None:
-        with self._mu:
-            self._chars -= chars
-            if elapsed_s is not None and chars >= MEASURE_MIN_CHARS:
-                self.s_per_char += ALPHA * (elapsed_s / chars - self.s_per_char)
+    def _stop_locked(self, job: _Job) -> None:
+        """No further piece of `job` starts; the characters of those not started are released."""
+        if job.stopped:
+            return
+        job.stopped = True
+        if job in self._jobs:
+            self._jobs.remove(job)
+        self._chars -= sum(n for _, n in job.work[job.next:])
+        job.next = len(job.work)
 
     async def run(self, work: Sequence[tuple[Callable[[], list], int]], deadline_s: float | None) -> list:
-        """The concatenated results of each (piece, characters) of `work`, run in order on the pool.
-        Refused (ScoreError) before anything runs when the tokenizing ahead is over the bounds;
-        cancelling the awaiting task stops it between pieces."""
-        total = sum(n for _, n in work)
-        self._admit(total, deadline_s)
-        stop = threading.Event()
-
-        def run_all() -> list:
-            out: list = []
-            for k, (piece, n) in enumerate(work):
-                if stop.is_set():  # the caller has gone: the rest is not tokenized
-                    self._done(sum(m for _, m in work[k:]), None)
-                    break
-                t = time.perf_counter()
-                try:
-                    out.extend(piece())
-                except BaseException:  # a refused text: this piece and the rest are not measured
-                    self._done(sum(m for _, m in work[k:]), None)
-                    raise
-                self._done(n, time.perf_counter() - t)
-            return out
-
-        job = self._executor.submit(run_all)
+        """The concatenated results of each (piece, characters) of `work`, in order. Refused
+        (ScoreError) before anything runs when the tokenizing ahead is over the bounds; the pieces
+        take turns with other callers'; cancelling the awaiting task stops it between pieces."""
+        loop = asyncio.get_running_loop()
+        job = _Job(work, loop, loop.create_future())
+        with self._cv:
+            self._admit_locked(sum(n for _, n in job.work), deadline_s)
+            if not job.work:
+                return []
+            self._jobs.append(job)
+            self._cv.notify()
         try:
-            return await asyncio.wrap_future(job)
+            return await job.future
         except asyncio.CancelledError:
-            stop.set()
-            if job.cancel():  # never started, and now never will: none of it was released
-                self._done(total, None)
+            with self._cv:
+                self._stop_locked(job)
             raise
 
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                while not self._jobs and not self._closed:
+                    self._cv.wait()
+                if not self._jobs:
+                    return
+                job = self._jobs.popleft()
+                k = job.next
+                job.next += 1
+                if job.next < len(job.work):
+                    self._jobs.append(job)  # its next piece after the other callers' next ones
+                    self._cv.notify()
+                job.running += 1
+            piece, n = job.work[k]
+            t = time.perf_counter()
+            result, error = None, None
+            try:
+                result = piece()
+            except BaseException as e:  # noqa: BLE001 - a refused text: the caller gets it
+                error = e
+            elapsed = time.perf_counter() - t
+            with self._cv:
+                job.running -= 1
+                self._chars -= n
+                if error is None and n >= MEASURE_MIN_CHARS:
+                    self.s_per_char += ALPHA * (elapsed / n - self.s_per_char)
+                if error is not None and job.error is None:
+                    job.error = error
+                    self._stop_locked(job)
+                job.results[k] = result
+                finished = job.running == 0 and job.next == len(job.work)
+            if finished:
+                job.finish()  # a cancelled caller's future is cancelled already: nothing is set
+
     def shutdown(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        """The threads end once no caller is left waiting (they are daemons: the exit never waits)."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
