@@ -31,7 +31,6 @@ Text goes through reward_text.Encoder, so --strip-string and --chat-template app
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import math
@@ -46,7 +45,7 @@ from rmscore.core.errors import ScoreError, invalid
 from rmscore.core.scoring import SERVING, ScoringCore
 from rmscore.core.validation import SeqInput, check_unicode
 from rmscore.frontends.http_errors import refusal
-from rmscore.frontends.reward_text import Encoder
+from rmscore.frontends.reward_text import Encoder, encode_counted
 from rmscore.frontends.vllm_pairs import broadcast, encode_pairs
 from rmscore.frontends.vllm_protocol import (ClassifyIn, PoolingIn, RerankIn, ScoreIn, ScoringIn, TokenizeIn,
                                               VllmRequest)
@@ -168,8 +167,8 @@ class VllmRoutes:
                 raise invalid(f"input[{i}]: empty input")
         self.check_truncation(body)
         self.core.check_admission(None)  # before tokenizing: a refusal costs nothing
-        ids = await asyncio.to_thread(lambda: [list(it) if isinstance(it, list) else
-                                               self.encoder.encode_one(it, add_special_tokens) for it in items])
+        # On the core's tokenizing pool: counted by admission, stopped when the caller goes.
+        ids = await encode_counted(self.core.tokenizing, self.encoder, items, add_special_tokens)
         ids = [self._cut(x, body) for x in ids]
         return await self.core.score_in_parts([SeqInput(tokens=x) for x in ids], "left"), sum(len(x) for x in ids)
 
@@ -181,8 +180,9 @@ class VllmRoutes:
         pairs = broadcast(first, second, self.core.cfg.max_sequences_per_request, names)
         self.check_truncation(body)
         self.core.check_admission(None)
-        ids = await asyncio.to_thread(encode_pairs, self.encoder, pairs, body.max_tokens_per_query,
-                                      body.max_tokens_per_doc, names)
+        chars = sum(map(len, {t for pair in pairs for t in pair}))  # each distinct text runs once
+        ids = await self.core.tokenizing.run([(lambda: encode_pairs(self.encoder, pairs, body.max_tokens_per_query,
+                                                                     body.max_tokens_per_doc, names), chars)], None)
         ids = [self._cut(x, body) for x in ids]
         return await self.core.score_in_parts([SeqInput(tokens=x) for x in ids], "left"), sum(len(x) for x in ids)
 
@@ -305,7 +305,10 @@ def register(app: FastAPI, core: ScoringCore, encoder: Encoder) -> None:
     @app.post("/tokenize")
     async def tokenize(body: TokenizeIn):
         async def work():
-            return await asyncio.to_thread(routes.tokenize, body)
+            # On the core's tokenizing pool, counted by admission by its characters (a conversation's
+            # by its text as sent, an upper bound).
+            chars = len(body.prompt) if body.prompt is not None else len(str(body.messages or ""))
+            return (await core.tokenizing.run([(lambda: [routes.tokenize(body)], chars)], None))[0]
         return await answer(work)
 
     @app.get("/v1/models")
