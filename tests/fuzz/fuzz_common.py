@@ -51,6 +51,7 @@ def main(one_input, instrumented_modules=("rmscore",)) -> None:
     with atheris.instrument_imports(include=list(instrumented_modules)):
         core()  # imports (and so instruments) rmscore's modules before fuzzing starts
         import rmscore.frontends.grpc_server  # noqa: F401
-        import rmscore.frontends.http_server  # noqa: F401
+        import rmscore.frontends.http_app  # noqa: F401
+        import rmscore.frontends.http_middleware  # noqa: F401
     atheris.Setup(sys.argv, one_input)
     atheris.Fuzz()

@@ -1,12 +1,12 @@
 """Fuzz target: the FastAPI front end's JSON decoding and validation.
 
-Bytes are POSTed as the body of `/rmscore/v1/score` and of `/get_reward` to the real app
-(`create_app` over the real core, behind the same body-size middleware `run` uses),
-in process through Starlette's TestClient, which re-raises any exception the app
-lets escape. The core is marked serving and its queue (`submit_ids` and its admission, the batcher
-and the model, not under test here) is replaced by a check of the validated sequences
-that answers zeros. Every answer must be 200 with one score per sequence, or the
-contract's error body. Seeds: corpus/py_http/.
+Bytes are POSTed as the body of `/rmscore/v1/score` and of `/get_reward` to the stack that
+serves (`http_app.served_asgi`: the app over the real core inside every middleware, as `run`
+gives it to uvicorn), in process through Starlette's TestClient, which re-raises any exception
+the app lets escape. The core is marked serving and its queue (`submit_ids` and its
+admission, the batcher and the model, not under test here) is replaced by a check of the
+validated sequences that answers zeros. Every answer must be 200 with one score per
+sequence, or the contract's error body. Seeds: corpus/json/.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def client():
 
     from rmscore.core.batcher import Result
     from rmscore.core.scoring import SERVING
-    from rmscore.frontends.http_server import _LimitBody, create_app
+    from rmscore.frontends.http_app import served_asgi
 
     c = core()
 
@@ -40,8 +40,7 @@ def client():
     # The queue's admission goes with it: a queue that takes everything refuses only when not ready.
     c.check_admission = lambda deadline_s: c.check_ready()
     c.state = SERVING
-    app = _LimitBody(create_app(c), c.cfg.max_request_bytes)
-    return TestClient(app, raise_server_exceptions=True)
+    return TestClient(served_asgi(c), raise_server_exceptions=True)
 
 
 def one_input(data: bytes) -> None:

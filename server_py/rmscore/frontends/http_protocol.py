@@ -6,7 +6,7 @@ few seconds, or opens a connection and sends nothing, holds the connection (and 
 as long as it likes; many such clients exhaust the server's sockets (slowloris). Here the request
 line and headers must be complete within `timeout_s` of the connection opening or of the previous
 response completing; otherwise the connection is closed. The body has its own deadline
-(http_server._BodyBudget), with the same number of seconds.
+(http_middleware.BodyBudget), with the same number of seconds.
 """
 
 from __future__ import annotations
