@@ -32,4 +32,31 @@ grpc::Status QueueWork::Refusal(int64_t now_us, std::optional<int64_t> deadline_
   return grpc::Status::OK;
 }
 
+grpc::Status HeldBytes::Hold(int64_t bytes) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (held_ > 0 && held_ + bytes > max_bytes_) {
+    return {grpc::StatusCode::RESOURCE_EXHAUSTED,
+            "queue full: " + std::to_string(held_) + " bytes of accepted requests held, plus this request's " +
+                std::to_string(bytes) + ", exceeds max_queued_request_bytes " + std::to_string(max_bytes_)};
+  }
+  held_ += bytes;
+  return grpc::Status::OK;
+}
+
+void HeldBytes::Release(int64_t bytes) {
+  std::lock_guard<std::mutex> lk(mu_);
+  held_ -= bytes;
+}
+
+grpc::Status HeldBytes::Acquire(int64_t bytes, std::shared_ptr<Lease>* lease) {
+  grpc::Status s = Hold(bytes);
+  if (s.ok()) *lease = std::make_shared<Lease>(this, bytes);
+  return s;
+}
+
+int64_t HeldBytes::held() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return held_;
+}
+
 }  // namespace rmscore

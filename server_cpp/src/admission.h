@@ -14,6 +14,8 @@
 #include <grpcpp/support/status.h>
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <optional>
 
 namespace rmscore {
@@ -47,6 +49,47 @@ class QueueWork {
   int64_t tokens_ = 0;         // real tokens of the sequences in the queue
   int64_t running_ = 0;        // real tokens of the batches the workers are running
   double us_per_token_ = 0;    // 0 until seeded or observed: nothing is refused by work before
+};
+
+// What an accepted request is counted as holding (--max-queued-request-bytes): 8 bytes per token id
+// as sent, before truncation (the proto's int64, as RepeatedField<int64> keeps them here), and 1 per
+// text character (Python kinds only). server_py/rmscore/core/admission.py request_bytes is the same.
+inline constexpr int64_t kBytesPerId = 8;
+inline int64_t RequestBytes(int64_t ids, int64_t chars = 0) { return kBytesPerId * ids + chars; }
+
+// The bytes of accepted requests held until answered, bounded by --max-queued-request-bytes (issue 29,
+// defect 1: a request is kept whole until answered while admission by work counts only the tokens that
+// run). A request that would take the total past the bound is refused RESOURCE_EXHAUSTED before it is
+// queued; when nothing is held any one request is accepted, as an idle queue accepts any request's
+// work. Thread-safe. server_py/rmscore/core/admission.py HeldBytes: same rule and message.
+class HeldBytes {
+ public:
+  explicit HeldBytes(int64_t max_bytes) : max_bytes_(max_bytes) {}
+
+  // Gives back its bytes when destroyed (when the request is answered and its memory freed).
+  class Lease {
+   public:
+    Lease(HeldBytes* owner, int64_t bytes) : owner_(owner), bytes_(bytes) {}
+    ~Lease() { owner_->Release(bytes_); }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+
+   private:
+    HeldBytes* const owner_;
+    const int64_t bytes_;
+  };
+
+  // Counts `bytes` as held and returns OK, or returns the refusal and counts nothing.
+  grpc::Status Hold(int64_t bytes);
+  void Release(int64_t bytes);
+  // Hold, and on OK *lease gives the bytes back when the last copy of it goes.
+  grpc::Status Acquire(int64_t bytes, std::shared_ptr<Lease>* lease);
+  int64_t held() const;
+
+ private:
+  const int64_t max_bytes_;
+  mutable std::mutex mu_;
+  int64_t held_ = 0;
 };
 
 }  // namespace rmscore

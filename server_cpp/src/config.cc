@@ -187,6 +187,9 @@ const std::map<std::string, Setter>& Setters() {
       {"--liveness-stall-seconds", [](Config& c, auto& f, auto& v) {
          c.liveness_stall_seconds = ParseChannelSeconds(f, v, true);
        }},
+      {"--max-queued-request-bytes", [](Config& c, auto& f, auto& v) {
+         c.max_queued_request_bytes = ParseInt(f, v, 1, INT64_C(1) << 50);
+       }},
       {"--max-buffered-request-bytes", [](Config& c, auto& f, auto& v) {
          c.max_buffered_request_bytes = ParseInt(f, v, 1, INT64_C(1) << 50);
        }},
@@ -328,6 +331,8 @@ std::string Usage() {
          "  --max-queue-delay-ms 2  --max-queue-sequences 4096  --max-sequences-per-request 1024\n"
          "  --max-queue-wait-seconds 60 (refuse when the queued model time exceeds it; 0: no bound)\n"
          "  --max-request-bytes 16777216  --intra-op-threads 2  --inter-op-threads 1\n"
+         "  --max-queued-request-bytes 1073741824 (bytes of accepted requests held until answered, 8 per id;\n"
+         "      a request past it is refused RESOURCE_EXHAUSTED)\n"
          "  --graph-optimization-level disable|basic|extended|all  --precision fp32|int8\n"
          "  --device cpu|cuda  --drain-grace-seconds 30  --warmup-rounds 1\n"
          "  --max-connection-age-seconds 300  --max-connection-age-grace-seconds 30 (gRPC GOAWAY, re-resolve)\n"

@@ -38,6 +38,10 @@ struct Config {
   double max_queue_wait_seconds = 60;
   int max_sequences_per_request = 1024;
   int64_t max_request_bytes = 16777216;
+  // Bytes of accepted requests held until answered, summed over every call (admission.h HeldBytes: 8
+  // per token id as sent); a request that would pass it is refused RESOURCE_EXHAUSTED before it is
+  // queued. 1 GiB: 64x a full queue of full-window sequences, as server_py's config.py says.
+  int64_t max_queued_request_bytes = INT64_C(1) << 30;
   int intra_op_threads = 2;
   int inter_op_threads = 1;
   GraphOptLevel graph_optimization_level = GraphOptLevel::kAll;

@@ -104,12 +104,15 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
  private:
   void Handle(const std::shared_ptr<v1::ScoreStreamRequest>& item, Clock::time_point start) {
     grpc::Status s = svc_->AdmissionStatus(deadline_);
+    // The item's bytes count until its job and answer callback, which hold it, are gone.
+    std::shared_ptr<HeldBytes::Lease> held;
+    if (s.ok()) s = svc_->held_bytes()->Acquire(RequestBytes(item->sequence().tokens().ids_size()), &held);
     SeqView view;
     if (s.ok()) s = ValidateStreamItem(*item, svc_->limits(), &view);
     if (s.ok()) {
       auto job = std::make_shared<Job>(
           std::vector<SeqView>{view}, deadline_, item,
-          [this, item, start](Result&& r) { Scored(*item, start, std::move(r)); });
+          [this, item, start, held](Result&& r) { Scored(*item, start, std::move(r)); });
       {
         std::lock_guard<std::mutex> lk(mu_);
         outstanding_.emplace(item.get(), job);

@@ -15,6 +15,12 @@
 namespace rmscore {
 namespace {
 
+int64_t IdCount(const v1::ScoreRequest& req) {
+  int64_t n = 0;
+  for (const auto& seq : req.sequences()) n += seq.tokens().ids_size();
+  return n;
+}
+
 // One Score call. Lives until OnDone; finished exactly once, either at once
 // (refused) or from the batcher's completion.
 class ScoreCall final : public grpc::ServerUnaryReactor {
@@ -27,6 +33,8 @@ class ScoreCall final : public grpc::ServerUnaryReactor {
     // Whether the bytes parse comes first, as in the Python servers: readiness cannot mend them.
     grpc::Status s = ParseRequest(&request_bytes, &req_);
     if (s.ok()) s = svc_->AdmissionStatus(SteadyDeadline(*ctx));
+    // Its bytes count until this call is deleted (OnDone), which frees req_ (docs/contract.md's order).
+    if (s.ok()) s = svc_->held_bytes()->Acquire(RequestBytes(IdCount(req_)), &held_);
     std::vector<SeqView> views;
     if (s.ok()) s = ValidateScoreRequest(req_, svc_->limits(), &views);
     if (s.ok()) {
@@ -65,6 +73,7 @@ class ScoreCall final : public grpc::ServerUnaryReactor {
   RewardModelService* const svc_;
   grpc::ByteBuffer* const resp_;
   const Clock::time_point start_ = Clock::now();
+  std::shared_ptr<HeldBytes::Lease> held_;  // declared before req_: given back after req_ is freed
   v1::ScoreRequest req_;
   std::shared_ptr<Job> job_;
 };
@@ -204,7 +213,8 @@ RewardModelService::RewardModelService(const Config& cfg, const Manifest& manife
       manifest_(manifest),
       tokenizer_json_(std::move(tokenizer_json)),
       metrics_(metrics),
-      limits_{manifest.vocab_size, manifest.max_sequence_length, cfg.max_sequences_per_request} {}
+      limits_{manifest.vocab_size, manifest.max_sequence_length, cfg.max_sequences_per_request},
+      held_bytes_(cfg.max_queued_request_bytes) {}
 
 void RewardModelService::StartServing(Batcher* batcher) {
   batcher_.store(batcher);

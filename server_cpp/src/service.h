@@ -17,6 +17,7 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/support/byte_buffer.h>
 
+#include "admission.h"
 #include "batcher.h"
 #include "config.h"
 #include "manifest.h"
@@ -58,6 +59,8 @@ class RewardModelService final : public RewardModelBase {
   Batcher* batcher() const { return batcher_.load(); }
   Metrics* metrics() const { return metrics_; }
   const Limits& limits() const { return limits_; }
+  // Bytes of accepted requests held until answered (--max-queued-request-bytes).
+  HeldBytes* held_bytes() { return &held_bytes_; }
   const std::string& model_version() const { return manifest_.version; }
   // The most items one ScoreStream has read and not yet answered on the wire (score_stream.cc).
   int stream_window() const { return StreamWindow(cfg_); }
@@ -69,6 +72,7 @@ class RewardModelService final : public RewardModelBase {
   const std::string tokenizer_json_;
   Metrics* const metrics_;
   const Limits limits_;
+  HeldBytes held_bytes_;
   std::atomic<int> state_{kWarmingUp};
   std::atomic<Batcher*> batcher_{nullptr};
 };

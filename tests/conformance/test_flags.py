@@ -31,6 +31,7 @@ BAD = [
     (dict(liveness_stall_seconds=-1), "--liveness-stall-seconds: must be >= 0 and <= 2147483, got -1"),
     (dict(max_request_bytes=2048, max_buffered_request_bytes=1024),
      "--max-buffered-request-bytes: must be >= --max-request-bytes (2048), got 1024"),
+    (dict(max_queued_request_bytes=0), "--max-queued-request-bytes: must be >= 1, got 0"),
 ]
 
 

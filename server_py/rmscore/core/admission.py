@@ -23,6 +23,8 @@ messages; contract/batching_vectors.json's "admission" cases hold both to it.
 
 from __future__ import annotations
 
+import threading
+
 from rmscore.core.errors import Code, ScoreError
 
 
@@ -78,3 +80,42 @@ class QueueWork:
                               f"deadline exceeded before scoring: about {wait // 1000} ms of model work waiting, "
                               f"{max(0, deadline_us - now_us) // 1000} ms left before the deadline")
         return None
+
+
+#: What an accepted request is counted as holding (--max-queued-request-bytes): 8 bytes per token id
+#: as sent, before truncation (the proto's int64, as cpp-grpc keeps them), and 1 per text character.
+#: server_cpp/src/admission.h kBytesPerId is the same.
+BYTES_PER_ID = 8
+
+
+def request_bytes(ids: int, chars: int = 0) -> int:
+    """The bytes a request with `ids` token ids and `chars` text characters is counted as holding."""
+    return BYTES_PER_ID * ids + chars
+
+
+class HeldBytes:
+    """The bytes of accepted requests held until answered, bounded by --max-queued-request-bytes (issue 29,
+    defect 1: a request is kept whole until answered while admission by work counts only the tokens that
+    run, so truncated ids multiplied memory). A request that would take the total past the bound is
+    refused RESOURCE_EXHAUSTED before it is queued; when nothing is held any one request is accepted, as
+    an idle queue accepts any request's work. Thread-safe. server_cpp/src/admission.h HeldBytes is this
+    class in C++, same rule and message."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def hold(self, nbytes: int) -> ScoreError | None:
+        """Counts `nbytes` as held and returns None, or returns the refusal and counts nothing."""
+        with self._lock:
+            if self.held > 0 and self.held + nbytes > self.max_bytes:
+                return ScoreError(Code.RESOURCE_EXHAUSTED,
+                                  f"queue full: {self.held} bytes of accepted requests held, plus this request's "
+                                  f"{nbytes}, exceeds max_queued_request_bytes {self.max_bytes}")
+            self.held += nbytes
+            return None
+
+    def release(self, nbytes: int) -> None:
+        with self._lock:
+            self.held -= nbytes

@@ -116,6 +116,12 @@ class ServeConfig:
     max_queue_wait_seconds: float = 60.0
     max_sequences_per_request: int = 1024
     max_request_bytes: int = 16 * 1024 * 1024
+    #: Bytes of accepted requests held until answered, summed over every call (core/admission.py
+    #: HeldBytes: 8 per token id as sent, 1 per text character); a request that would pass it is refused
+    #: RESOURCE_EXHAUSTED before it is queued. 1 GiB: 64x a full queue of full-window sequences
+    #: (4096 x 512 ids x 8 bytes = 16 MiB), so load the other bounds accept never meets it; only ids sent
+    #: far past the window that truncation drops do (issue 29, defect 1).
+    max_queued_request_bytes: int = 1 << 30
     intra_op_threads: int = 2
     inter_op_threads: int = 1
     graph_optimization_level: str = "all"
@@ -209,6 +215,7 @@ class ServeConfig:
                             ("max-queue-sequences", self.max_queue_sequences),
                             ("max-sequences-per-request", self.max_sequences_per_request),
                             ("max-request-bytes", self.max_request_bytes),
+                            ("max-queued-request-bytes", self.max_queued_request_bytes),
                             ("intra-op-threads", self.intra_op_threads),
                             ("inter-op-threads", self.inter_op_threads),
                             ("warmup-rounds", self.warmup_rounds)):
@@ -304,8 +311,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=None, help="0: ephemeral (default: 50051 gRPC, 8000 HTTP)")
     p.add_argument("--port-file", default=None, help="write {port, metrics_port} JSON here once bound")
     for name in ("metrics_port", "max_batch_size", "max_batch_tokens", "max_queue_sequences",
-                 "max_sequences_per_request", "max_request_bytes", "intra_op_threads", "inter_op_threads",
-                 "warmup_rounds", "max_concurrent_streams", "max_stream_items_in_flight",
+                 "max_sequences_per_request", "max_request_bytes", "max_queued_request_bytes", "intra_op_threads",
+                 "inter_op_threads", "warmup_rounds", "max_concurrent_streams", "max_stream_items_in_flight",
                  "max_buffered_request_bytes"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=d[name].default, help="(default: %(default)s)")
     for name in ("max_queue_delay_ms", "max_queue_wait_seconds", "drain_grace_seconds", "max_connection_age_seconds",
@@ -354,6 +361,7 @@ def from_args(a: argparse.Namespace) -> ServeConfig:
         max_queue_delay_ms=a.max_queue_delay_ms, max_queue_sequences=a.max_queue_sequences,
         max_queue_wait_seconds=a.max_queue_wait_seconds,
         max_sequences_per_request=a.max_sequences_per_request, max_request_bytes=a.max_request_bytes,
+        max_queued_request_bytes=a.max_queued_request_bytes,
         intra_op_threads=a.intra_op_threads, inter_op_threads=a.inter_op_threads,
         graph_optimization_level=a.graph_optimization_level, precision=a.precision, device=a.device,
         drain_grace_seconds=a.drain_grace_seconds, warmup_rounds=a.warmup_rounds,

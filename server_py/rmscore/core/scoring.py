@@ -9,6 +9,7 @@ The core imports no runtime: the runner that starts a server hands it one
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pathlib
 import sys
 import threading
@@ -17,6 +18,7 @@ from typing import Awaitable
 
 import numpy as np
 
+from rmscore.core.admission import HeldBytes, request_bytes
 from rmscore.core.batcher import Batcher, Job, Result
 from rmscore.core import cost_profile
 from rmscore.core.config import AUTO_WORKERS, ConfigError, ServeConfig
@@ -68,6 +70,8 @@ class ScoringCore:
                                           cfg.max_sequences_per_request, self.max_text_chars), tok)
         # Every route's tokenizing runs here, counted against the same bound as model work.
         self.tokenizing = TokenizePool(cfg.max_queue_wait_seconds)
+        # Bytes of accepted requests, from acceptance until answered (--max-queued-request-bytes).
+        self.held = HeldBytes(cfg.max_queued_request_bytes)
         self.state = WARMING_UP
         self.failure: str | None = None
         self.batcher: Batcher | None = None
@@ -239,9 +243,28 @@ class ScoringCore:
         if refused is not None:
             raise refused
 
+    @contextlib.contextmanager
+    def holding(self, items: list[SeqInput]):
+        """Counts the bytes `items` hold against --max-queued-request-bytes until the block ends (the
+        request is answered), or raises its refusal, RESOURCE_EXHAUSTED, before anything is queued
+        (admission.py HeldBytes). After check_admission, before validation: docs/contract.md's order."""
+        nbytes = sum(request_bytes(_length(it.tokens), _length(it.text[0]) + _length(it.text[1]) if it.text else 0)
+                     for it in items)
+        refused = self.held.hold(nbytes)
+        if refused is not None:
+            raise refused
+        try:
+            yield nbytes
+        finally:
+            self.held.release(nbytes)
+
     async def score(self, items: list[SeqInput], truncation: str, deadline_s: float | None) -> Result:
         """Validate, queue, and await the scores; cancelling the awaiting task drops the sequences."""
         self.check_admission(deadline_s)
+        with self.holding(items):
+            return await self._score(items, truncation, deadline_s)
+
+    async def _score(self, items: list[SeqInput], truncation: str, deadline_s: float | None) -> Result:
         if any(it.text is not None for it in items):
             self.validator.check_request(items, truncation)  # lengths only: refused before any tokenizing
             seqs = await self.tokenize_items(items, truncation, deadline_s)
@@ -269,6 +292,13 @@ class ScoringCore:
         self.validator.truncation(truncation)
         self.validator.check_text_chars(item, where)
         return (await self.tokenize_items([item], truncation, deadline_s, where))[0]
+
+    async def score_item(self, item: SeqInput, truncation: str, where: str, deadline_s: float | None) -> Result:
+        """One stream item: admission, its bytes held until it is answered, then `sequence` and scoring."""
+        self.check_admission(deadline_s)
+        with self.holding([item]):
+            seq = await self.sequence(item, truncation, where, deadline_s)
+            return await self.score_ids([seq], deadline_s)
 
     async def score_ids(self, seqs: list[list[int]], deadline_s: float | None) -> Result:
         return await self.submit_ids(seqs, deadline_s)
@@ -306,6 +336,10 @@ class ScoringCore:
         it, so every part of a 5000-query request was submitted at once and the later ones were
         refused by the work bound: 429 after 1.1 s, and OpenRLHF stops training after five retries."""
         self.check_admission(None)  # before validating: a refusal costs nothing
+        with self.holding(items):
+            return await self._score_in_parts(items, truncation)
+
+    async def _score_in_parts(self, items: list[SeqInput], truncation: str) -> list[float]:
         m = self.cfg.max_sequences_per_request
         parts = [items[k:k + m] for k in range(0, len(items), m)]
         seqs = await asyncio.to_thread(lambda: [self.validator.request(p, truncation) for p in parts])
@@ -366,6 +400,14 @@ class ScoringCore:
         frontends/process.py, then leaves without tearing the interpreter down under it)."""
         loading = self._loader is not None and self._loader.is_alive()  # SIGTERM came mid-load/warm-up
         return bool(loading or (self.batcher and self.batcher.running()))
+
+
+def _length(x) -> int:
+    """len(x) of a token list or text; 0 for what validation will refuse anyway (None, a number)."""
+    try:
+        return len(x)
+    except TypeError:
+        return 0
 
 
 def _resolve(fut: asyncio.Future, outcome) -> None:

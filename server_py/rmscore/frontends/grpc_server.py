@@ -119,11 +119,10 @@ class RewardModelServicer(reward_pb2_grpc.RewardModelServicer):
         async def one(item: reward_pb2.ScoreStreamRequest) -> None:
             t0 = time.perf_counter()
             try:
-                self.core.check_admission(deadline)
-                # Text is tokenized on the core's pool, never on this loop (core/tokenizing.py).
-                seq = await self.core.sequence(seq_input(item.sequence), TRUNC.get(item.truncation, item.truncation),
+                # Text is tokenized on the core's pool, never on this loop (core/tokenizing.py); the item's
+                # bytes count against --max-queued-request-bytes until it is answered.
+                r = await self.core.score_item(seq_input(item.sequence), TRUNC.get(item.truncation, item.truncation),
                                                "sequence", deadline)
-                r = await self.core.score_ids([seq], deadline)
                 resp = reward_pb2.ScoreStreamResponse(id=item.id, score=r.scores[0], timings=_timings(r),
                                                       model_version=self.core.repo.version)
                 code = "OK"
