@@ -222,7 +222,7 @@ def _plot_ramp(plt, rows, alone, series):
     ax.set_xlabel("closed-loop concurrency (requests in flight)")
     ax.set_ylabel("sequences/s")
     ax.set_ylim(bottom=0)
-    ax.set_title("Capacity ramp with each kind's defaults (mean of a window up and one down)")
+    ax.set_title("Capacity ramp, defaults (mean of a window up and one down)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return fig
