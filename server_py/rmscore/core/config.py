@@ -298,7 +298,8 @@ class ServeConfig:
                              round(self.max_queue_delay_ms * 1000), self.batching)
 
     @property
-    def server_kind(self) -> str:
+    def server_label(self) -> str:
+        """The metrics' and model info's `server`: the front end (a kind is a server with one backend)."""
         return "py-grpc" if self.transport == "grpc" else "py-http"
 
 

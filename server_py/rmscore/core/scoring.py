@@ -47,7 +47,7 @@ class ScoringCore:
         self.cfg = cfg
         self.runtime = runtime
         self.repo: ModelRepo = load_repo(cfg.model)
-        self.metrics = Metrics(cfg.server_kind, cfg.backend, device=cfg.device)
+        self.metrics = Metrics(cfg.server_label, cfg.backend, device=cfg.device)
         self.metrics.set_queue_capacity(cfg.max_queue_sequences)
         self.metrics.build_info(self.repo.name, self.repo.version)
         # Liveness (core/liveness.py): the batcher tells the clock; the gauge, /livez and the gRPC

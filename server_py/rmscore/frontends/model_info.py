@@ -15,7 +15,7 @@ def model_info(core: ScoringCore) -> dict:
             "pad_token_id": m["pad_token_id"], "vocab_size": m["vocab_size"],
             "max_sequences_per_request": core.cfg.max_sequences_per_request,
             "text_format": m["tokenizer"]["text_format"], "accepts_text": True,
-            "server": core.cfg.server_kind, "backend": core.cfg.backend, "device": core.cfg.device,
+            "server": core.cfg.server_label, "backend": core.cfg.backend, "device": core.cfg.device,
             "precision": core.cfg.precision, **ranking(m, core.cfg.precision)}
 
 
