@@ -40,12 +40,14 @@ grpc::Status HeldBytes::Hold(int64_t bytes) {
                 std::to_string(bytes) + ", exceeds max_queued_request_bytes " + std::to_string(max_bytes_)};
   }
   held_ += bytes;
+  if (on_change_) on_change_(held_);
   return grpc::Status::OK;
 }
 
 void HeldBytes::Release(int64_t bytes) {
   std::lock_guard<std::mutex> lk(mu_);
   held_ -= bytes;
+  if (on_change_) on_change_(held_);
 }
 
 grpc::Status HeldBytes::Acquire(int64_t bytes, std::shared_ptr<Lease>* lease) {

@@ -14,6 +14,7 @@
 #include <grpcpp/support/status.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -85,11 +86,14 @@ class HeldBytes {
   // Hold, and on OK *lease gives the bytes back when the last copy of it goes.
   grpc::Status Acquire(int64_t bytes, std::shared_ptr<Lease>* lease);
   int64_t held() const;
+  // `f(held)` after every change, under the lock (so in order); must not block. Set before serving.
+  void OnChange(std::function<void(int64_t)> f) { on_change_ = std::move(f); }
 
  private:
   const int64_t max_bytes_;
   mutable std::mutex mu_;
   int64_t held_ = 0;
+  std::function<void(int64_t)> on_change_;
 };
 
 }  // namespace rmscore

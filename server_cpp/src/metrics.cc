@@ -147,6 +147,7 @@ Metrics::Metrics(const std::string& model, const std::string& version, const std
   queue_depth_ = &Family(gauges_, "rmscore_queue_depth").Add({});
   in_flight_ = &Family(gauges_, "rmscore_requests_in_flight").Add({});
   stalled_ = &Family(gauges_, "rmscore_batcher_stalled_seconds").Add({});
+  queued_bytes_ = &Family(gauges_, "rmscore_queued_request_bytes").Add({});
   scraped_ = std::make_shared<ScrapeCollectable>(this);
   Family(gauges_, "rmscore_build_info").Add({{"model", model}, {"version", version}}).Set(1);
   // Labelled families are exported only once they hold a series: make the

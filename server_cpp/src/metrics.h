@@ -44,6 +44,7 @@ class Metrics {
   void SetQueueExpectedWait(double seconds);
   void SetQueueCapacity(int64_t n);
   void InFlight(int delta) { in_flight_->Increment(double(delta)); }
+  void SetQueuedRequestBytes(int64_t n) { queued_bytes_->Set(double(n)); }
   // rmscore_batcher_stalled_seconds is seconds(), called at each scrape (liveness.h): a value set by
   // the batcher would stop changing exactly when the batcher hangs. Must not block; callable any time.
   void SetStalledSource(std::function<double()> seconds);
@@ -72,6 +73,7 @@ class Metrics {
   prometheus::Gauge* queue_depth_ = nullptr;
   prometheus::Gauge* in_flight_ = nullptr;
   prometheus::Gauge* stalled_ = nullptr;
+  prometheus::Gauge* queued_bytes_ = nullptr;
   std::mutex stalled_mu_;  // guards stalled_source_ (a scrape thread reads it, the main thread sets it)
   std::function<double()> stalled_source_;
 

@@ -214,7 +214,10 @@ RewardModelService::RewardModelService(const Config& cfg, const Manifest& manife
       tokenizer_json_(std::move(tokenizer_json)),
       metrics_(metrics),
       limits_{manifest.vocab_size, manifest.max_sequence_length, cfg.max_sequences_per_request},
-      held_bytes_(cfg.max_queued_request_bytes) {}
+      held_bytes_(cfg.max_queued_request_bytes) {
+  // The metrics outlive the service (main.cc), so every lease given back updates a live gauge.
+  if (metrics_ != nullptr) held_bytes_.OnChange([m = metrics_](int64_t held) { m->SetQueuedRequestBytes(held); });
+}
 
 void RewardModelService::StartServing(Batcher* batcher) {
   batcher_.store(batcher);

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 import servers
+from rmscore_loadtest.observe import metric
 
 KINDS = servers.frontend_kinds()
 BUDGET = 2 << 20
@@ -84,6 +85,9 @@ def test_requests_past_the_budget_are_refused_at_once_and_every_accepted_one_is_
         holders = [pool.submit(score, server, big_ids(k), 60) for k in range(HOLDERS)]
         time.sleep(2)  # all accepted, the first batch hung, the rest queued behind it
         assert not any(h.done() for h in holders), [h.result() for h in holders if h.done()]
+        # The gauge reads what the budget counts (the name first: a missing metric reads 0).
+        assert "rmscore_queued_request_bytes" in server.metrics_text()
+        assert metric(server, "rmscore_queued_request_bytes") == BUDGET
 
         t = time.perf_counter()
         code, message = score(server, big_ids(99), 60)
@@ -103,6 +107,10 @@ def test_requests_past_the_budget_are_refused_at_once_and_every_accepted_one_is_
 
         results = [h.result(timeout=HANG_S + 60) for h in holders]
     assert [c for c, _ in results] == ["OK"] * HOLDERS, results
+    deadline = time.monotonic() + 5  # C++ gives a Score's bytes back as gRPC frees the call, just after
+    while metric(server, "rmscore_queued_request_bytes") != 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric(server, "rmscore_queued_request_bytes") == 0
     # Answered, their bytes are given back: a request of the same size fits again, on each path.
     assert score(server, big_ids(97), 60)[0] == "OK"
     if server.transport == "grpc":

@@ -74,6 +74,10 @@ class Metrics:
         a value set by the batcher would stop changing exactly when the batcher hangs."""
         self._child("rmscore_batcher_stalled_seconds").set_function(seconds)
 
+    def set_queued_bytes_source(self, held: Callable[[], float]) -> None:
+        """rmscore_queued_request_bytes is `held()`, read at each scrape (admission.py HeldBytes)."""
+        self._child("rmscore_queued_request_bytes").set_function(held)
+
     def set_queue_capacity(self, n: int) -> None:
         self._child("rmscore_queue_capacity_sequences").set(n)
 
