@@ -127,6 +127,18 @@ class TokenizePool:
         with self._mu:
             return (self._chars + more) * self.s_per_char / self.threads
 
+    def refusal_ahead(self) -> ScoreError | None:
+        """The RESOURCE_EXHAUSTED any request that tokenizes gets now, whatever its size: the
+        tokenizing already waiting exceeds max_queue_wait_seconds (`run` refuses it too, counting the
+        request's own characters). What the HTTP front end checks before reading a body."""
+        with self._mu:
+            ahead = self._chars * self.s_per_char / self.threads
+            if self._chars > 0 and self.max_wait_s > 0 and ahead > self.max_wait_s:
+                return ScoreError(Code.RESOURCE_EXHAUSTED,
+                                  f"queue full: about {int(ahead * 1000)} ms of tokenizing waiting exceeds "
+                                  f"max_queue_wait_seconds ({int(self.max_wait_s * 1000)} ms)")
+            return None
+
     def _admit_locked(self, chars: int, deadline_s: float | None) -> None:
         ahead = self._chars * self.s_per_char / self.threads
         mine = chars * self.s_per_char / self.threads

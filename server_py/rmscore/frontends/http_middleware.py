@@ -1,7 +1,7 @@
 """The ASGI middlewares around the FastAPI app, and `wrap`, which puts them in serving order.
 
 Each guards the transport before any route runs: framing in doubt, a missing token, a body too
-large or too slow, a client gone. They are plain ASGI, not Starlette middleware, because each must
+large, an overloaded server (refused before the body is read), a body too slow, a client gone. They are plain ASGI, not Starlette middleware, because each must
 see (and may refuse) the request before FastAPI reads its body, and replace the app's answer when
 it aborts a read. The order lives in one place, `wrap`, so the runner and the fuzz harness serve
 the same stack (`http_app.served_asgi`).
@@ -10,25 +10,67 @@ the same stack (`http_app.served_asgi`).
 from __future__ import annotations
 
 import asyncio
+import time
 
 from fastapi.responses import JSONResponse
 
 from rmscore.core.config import ServeConfig
-from rmscore.core.errors import UNAUTHENTICATED_MESSAGE, Code, bearer_matches
+from rmscore.core.errors import UNAUTHENTICATED_MESSAGE, Code, ScoreError, bearer_matches
 from rmscore.core.scoring import ScoringCore
-from rmscore.frontends.http_errors import error_response
+from rmscore.frontends.http_errors import VLLM_PATHS, error_response, refusal
 
 
 def wrap(app, cfg: ServeConfig, core: ScoringCore):
     """`app` inside every middleware, outermost last. OneFraming is outermost: a request whose length
     is in doubt goes no further. TokenCheck next, so nothing else runs for a refused call. LimitBody
-    outside BodyBudget: a body over max_request_bytes is refused for that, whatever else is arriving.
-    CancelOnDisconnect innermost, right around the handler it cancels."""
+    next: a body over max_request_bytes is refused for that (413: resending it cannot help), whatever
+    the load. RefuseBeforeBody then, outside BodyBudget: a request refused for overload reserves no
+    bytes of the receiving budget and is never read. CancelOnDisconnect innermost, right around the
+    handler it cancels."""
     asgi = BodyBudget(CancelOnDisconnect(app), cfg.body_timeout_seconds, cfg.max_buffered_request_bytes, core)
+    asgi = RefuseBeforeBody(asgi, core)
     asgi = LimitBody(asgi, cfg.max_request_bytes)
     if cfg.auth_token:
         asgi = TokenCheck(asgi, cfg.auth_token, core)
     return OneFraming(asgi)
+
+
+#: The routes that queue work, each with whether it always tokenizes text: refused by RefuseBeforeBody
+#: when the server is over its bounds. /tokenize queues no model work, and its tokenizing is bounded
+#: where it runs (core/tokenizing.py).
+QUEUEING_PATHS = {"/rmscore/v1/score": False, "/get_reward": True, "/classify": False, "/pooling": False,
+                  "/score": True, "/v1/score": True, "/rerank": True, "/v1/rerank": True, "/v2/rerank": True}
+
+
+class RefuseBeforeBody:
+    """ASGI middleware: a POST to a route that queues work (QUEUEING_PATHS) is refused with that route's
+    answer (429 queue full, 503 not ready, in vLLM's shape on its routes) as soon as its headers are in,
+    when the server is already over what any request would be refused for (ScoringCore.check_before_body:
+    not ready, the work or the tokenizing ahead over max_queue_wait_seconds). Its body is never read
+    or decoded: decoding and validating 2.6 MB bodies before the work check made refusals under a flood
+    take 100-435 ms (issue 29, defect 5). The connection stays open: uvicorn's h11 protocol drops the
+    rest of a body whose answer is complete and then serves the next request on it, and the rest must
+    arrive within body_timeout_seconds (http_protocol.py) or the connection is closed. Closing at once
+    would reset the connection under a client still sending, which may then lose the answer."""
+
+    def __init__(self, app, core: ScoringCore):
+        self.app, self.core = app, core
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["method"] == "POST":
+            tokenizes = QUEUEING_PATHS.get(scope["path"])
+            if tokenizes is not None:
+                t0 = time.perf_counter()
+                try:
+                    self.core.check_before_body(tokenizes)
+                except ScoreError as e:
+                    resp = refusal(self.core, e, t0, vllm=scope["path"] in VLLM_PATHS)
+                    if any(k == b"expect" for k, _ in scope.get("headers") or ()):
+                        # 100-continue: the client waits to send its body, which no 100 will ask for
+                        # now; closing says so (RFC 9110 10.1.1), and there is no body to reset.
+                        resp.headers["Connection"] = "close"
+                    return await resp(scope, receive, send)
+        return await self.app(scope, receive, send)
 
 
 class _BodyTooLarge(Exception):

@@ -5,7 +5,8 @@ response and is cancelled by any byte received, so a client that sends its heade
 few seconds, or opens a connection and sends nothing, holds the connection (and its buffers) for
 as long as it likes; many such clients exhaust the server's sockets (slowloris). Here the request
 line and headers must be complete within `timeout_s` of the connection opening or of the previous
-response completing; otherwise the connection is closed. The body has its own deadline
+response completing (and so must the rest of a body answered before it was read, a refusal for
+overload: http_middleware.RefuseBeforeBody); otherwise the connection is closed. The body has its own deadline
 (http_middleware.BodyBudget), with the same number of seconds.
 """
 
@@ -37,9 +38,17 @@ class _HeaderDeadlineProtocol(H11Protocol):
         self._clear_headers_timer()
         super().connection_lost(exc)
 
+    def _waiting(self) -> bool:
+        """h11 waits for a request's headers (their state IDLE), or for the rest of a body whose
+        answer is complete (http_middleware.RefuseBeforeBody answers before reading it; uvicorn drops
+        the rest as it comes, and any byte cancels its keep-alive timer)."""
+        answered_early = self.conn.our_state is h11.DONE and self.conn.their_state is h11.SEND_BODY
+        return (self.conn.their_state is h11.IDLE or answered_early) and not self.transport.is_closing()
+
     def _watch_headers(self) -> None:
-        """Armed while h11 waits for a request's headers (their state IDLE), cleared once they came."""
-        waiting = self.conn.their_state is h11.IDLE and not self.transport.is_closing()
+        """Armed while `_waiting`, cleared once the headers came; not re-armed while the rest of an
+        answered body and then the next headers arrive: both are due `timeout_s` after the answer."""
+        waiting = self._waiting()
         if waiting and self._headers_timer is None:
             self._headers_timer = self.loop.call_later(self.header_timeout_s, self._headers_late)
         elif not waiting:
@@ -52,7 +61,7 @@ class _HeaderDeadlineProtocol(H11Protocol):
 
     def _headers_late(self) -> None:
         self._headers_timer = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+        if self._waiting():
             # No answer: the client has not sent a request to answer, and an idle keep-alive
             # connection is closed the same way by uvicorn's own timer.
             self.transport.close()
