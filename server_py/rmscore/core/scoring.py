@@ -29,7 +29,7 @@ from rmscore.core.liveness import HangFault, HangHook, Liveness, LivenessWatch, 
     now_us, threshold_note
 from rmscore.core.metrics import Metrics
 from rmscore.core.runtime import Runtime, Workers, progress
-from rmscore.core.tokenizing import TokenizePool, default_max_text_chars, pieces
+from rmscore.core.tokenizing import TokenizePool, default_max_text_chars, pieces, settle
 from rmscore.core.validation import Limits, SeqInput, Validator
 from rmscore.model.repository import ModelRepo, load_repo
 
@@ -322,7 +322,7 @@ class ScoringCore:
         fut: asyncio.Future = loop.create_future()
 
         def done(outcome) -> None:
-            loop.call_soon_threadsafe(_resolve, fut, outcome)
+            loop.call_soon_threadsafe(settle, fut, outcome)
 
         job = Job(seqs, deadline_s, done)
         self.batcher.submit(job)  # the batcher keeps the in-flight gauge, as in the C++ server
@@ -420,12 +420,3 @@ def _length(x) -> int:
         return len(x)
     except TypeError:
         return 0
-
-
-def _resolve(fut: asyncio.Future, outcome) -> None:
-    if fut.done():
-        return
-    if isinstance(outcome, ScoreError):
-        fut.set_exception(outcome)
-    else:
-        fut.set_result(outcome)

@@ -93,10 +93,12 @@ class _Job:
         if self.stopped and self.error is None:  # cancelled: its future is cancelled, nothing to set
             return
         outcome = self.error if self.error is not None else [x for r in self.results for x in r]
-        self.loop.call_soon_threadsafe(_resolve, self.future, outcome)
+        self.loop.call_soon_threadsafe(settle, self.future, outcome)
 
 
-def _resolve(future: asyncio.Future, outcome) -> None:
+def settle(future: asyncio.Future, outcome) -> None:
+    """Sets `future`'s exception (an exception) or result (anything else), unless it is done (the
+    caller cancelled): called on the event loop for work finished on another thread."""
     if future.done():
         return
     if isinstance(outcome, BaseException):
@@ -127,6 +129,10 @@ class TokenizePool:
         with self._mu:
             return (self._chars + more) * self.s_per_char / self.threads
 
+    def _queue_full(self, wait_s: float) -> ScoreError:
+        return ScoreError(Code.RESOURCE_EXHAUSTED, f"queue full: about {int(wait_s * 1000)} ms of tokenizing waiting "
+                                                   f"exceeds max_queue_wait_seconds ({int(self.max_wait_s * 1000)} ms)")
+
     def refusal_ahead(self) -> ScoreError | None:
         """The RESOURCE_EXHAUSTED any request that tokenizes gets now, whatever its size: the
         tokenizing already waiting exceeds max_queue_wait_seconds (`run` refuses it too, counting the
@@ -134,9 +140,7 @@ class TokenizePool:
         with self._mu:
             ahead = self._chars * self.s_per_char / self.threads
             if self._chars > 0 and self.max_wait_s > 0 and ahead > self.max_wait_s:
-                return ScoreError(Code.RESOURCE_EXHAUSTED,
-                                  f"queue full: about {int(ahead * 1000)} ms of tokenizing waiting exceeds "
-                                  f"max_queue_wait_seconds ({int(self.max_wait_s * 1000)} ms)")
+                return self._queue_full(ahead)
             return None
 
     def _admit_locked(self, chars: int, deadline_s: float | None) -> None:
@@ -145,9 +149,7 @@ class TokenizePool:
         # The request's own tokenizing counts only when it alone is not the whole wait: an idle
         # pool takes any request the caps let through (its size is bounded by them).
         if self._chars > 0 and self.max_wait_s > 0 and ahead + mine > self.max_wait_s:
-            raise ScoreError(Code.RESOURCE_EXHAUSTED,
-                             f"queue full: about {int((ahead + mine) * 1000)} ms of tokenizing waiting exceeds "
-                             f"max_queue_wait_seconds ({int(self.max_wait_s * 1000)} ms)")
+            raise self._queue_full(ahead + mine)
         left = None if deadline_s is None else deadline_s - time.monotonic()
         if left is not None and ahead + mine > left:
             raise ScoreError(Code.DEADLINE_EXCEEDED,
