@@ -13,7 +13,7 @@ import os
 import pathlib
 import time
 
-from rmscore.tools import launch
+from rmscore.tools import kinds, launch
 from rmscore.tools.launch import RunningServer  # noqa: F401 - re-exported for the tests
 
 ROOT = launch.ROOT
@@ -39,6 +39,16 @@ def frontend_kinds() -> list[str]:
     at the price of a compile warm-up (about a minute each here). The contract tests keep it."""
     kinds = available_kinds()
     return kinds if os.environ.get("RMSCORE_TEST_KINDS") else [k for k in kinds if k != "py-grpc-compile"]
+
+
+def grpc_kind_per_language() -> list[str]:
+    """One gRPC kind per frontend (C++, Python), the first of each in `available_kinds()` order: for
+    tests of the gRPC frontend itself (reflection, stream limits), whatever the runtime behind it."""
+    chosen: dict[str, str] = {}
+    for k in available_kinds():
+        if launch.transport(k) == "grpc":
+            chosen.setdefault(kinds.get(k).language, k)
+    return list(chosen.values())
 
 
 def command(kind: str, model: pathlib.Path = MODEL, **flags) -> list[str]:

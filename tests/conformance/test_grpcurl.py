@@ -27,15 +27,7 @@ from rmscore.tools import kinds, launch
 GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or shutil.which("grpcurl")
 # Reflection is the gRPC frontend's, whatever the runtime: one kind per frontend (language) keeps the
 # suite short, the first of each in available_kinds() order.
-def one_per_frontend() -> list[str]:
-    chosen: dict[str, str] = {}
-    for k in servers.available_kinds():
-        if launch.transport(k) == "grpc":
-            chosen.setdefault(kinds.get(k).language, k)
-    return list(chosen.values())
-
-
-KINDS = one_per_frontend()
+KINDS = servers.grpc_kind_per_language()
 # Kinds that serve grpc.reflection.v1: every gRPC kind (the Python frontend through
 # frontends/reflection_v1.py, the C++ one through server_cpp/src/reflection_v1.cc).
 SERVES_V1 = {k for k in kinds.ALL_KINDS if launch.transport(k) == "grpc"}

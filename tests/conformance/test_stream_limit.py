@@ -29,7 +29,6 @@ import pytest
 
 import servers
 from harness import GOLDEN_IDS, pb, pbg
-from rmscore.tools import kinds, launch
 
 LIMIT = 100  # --max-concurrent-streams' default, the limit the issue measured
 CALLS = 3 * LIMIT
@@ -40,15 +39,7 @@ END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
 REFUSED_STREAM = 7
 
 
-def one_per_frontend() -> list[str]:
-    chosen: dict[str, str] = {}
-    for k in servers.available_kinds():
-        if launch.transport(k) == "grpc":
-            chosen.setdefault(kinds.get(k).language, k)
-    return list(chosen.values())
-
-
-KINDS = one_per_frontend()
+KINDS = servers.grpc_kind_per_language()
 # gRPC 1.51's chttp2 treats a HEADERS frame over the acknowledged limit as a connection error ("Max
 # stream count exceeded"): the connection is closed without GOAWAY and the calls it had accepted end
 # UNAVAILABLE. No channel argument of 1.51 changes it; newer gRPC refuses the stream instead.
