@@ -291,6 +291,33 @@ def test_a_call_the_server_ends_with_items_unanswered_is_reopened_too():
     assert len(r.calls) == 2 and r.calls[1].ks == [1]
 
 
+def test_a_status_grpcio_lost_under_a_write_reopens_the_call():
+    # grpcio's asyncio client reads "Internal error from Core" (INTERNAL) when a write fails because
+    # the server ended the call (a draining replica's UNAVAILABLE lost client-side): a CI run failed a
+    # stream on it. The call is reopened with what is unanswered, as on UNAVAILABLE.
+    def lost_status(call, req):
+        if call is r.calls[0]:
+            if len(call.requests) == 2:
+                call.score(call.requests[0][1])
+                call.fail(grpc.StatusCode.INTERNAL, "Internal error from Core")
+        else:
+            call.score(req)
+
+    r = Replica(on_request=lost_status)
+    got, exc, _ = stream(client(r, retry=RetryPolicy(initial_backoff_s=0.0)), [item(k) for k in range(2)])
+    assert exc is None
+    assert_each_scored_once(got, 2)
+    assert len(r.calls) == 2 and r.calls[1].ks == [1]
+
+
+def test_a_servers_own_internal_error_ends_the_stream():
+    r = Replica(on_request=lambda call, req: call.fail(grpc.StatusCode.INTERNAL, "batch failed: onnxruntime error"))
+    c = client(r, retry=RetryPolicy(initial_backoff_s=0.0))
+    got, exc, _ = stream(c, [item(k) for k in range(2)])
+    assert got == [] and isinstance(exc, RewardServerError) and exc.code == "INTERNAL", (got, exc)
+    assert len(r.calls) == 1 and "batch failed" in exc.message
+
+
 def test_calls_broken_in_a_row_give_up_after_max_attempts(top_of_range):
     r = Replica(on_request=lambda call, req: call.fail(grpc.StatusCode.UNAVAILABLE, "connection refused"))
     c = client(r, retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.1))
