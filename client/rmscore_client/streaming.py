@@ -31,11 +31,21 @@ _LOST_STATUS_DETAILS = "Internal error from Core"
 
 
 def _stream_error(e: grpc.aio.AioRpcError) -> RewardServerError:
-    """The error a broken ScoreStream call stands for: the call ended under a write is read as the
-    server having ended it (UNAVAILABLE: reopen, and send what is unanswered again)."""
+    """The error a broken ScoreStream call stands for: the call ended under a write, or cancelled
+    by the other end, is read as the server having ended it (UNAVAILABLE: reopen, and send what is
+    unanswered again)."""
     if e.code() == grpc.StatusCode.INTERNAL and e.details() == _LOST_STATUS_DETAILS:
         return Unavailable("UNAVAILABLE", f"the call ended while an item was being written "
                                           f"(grpc: {_LOST_STATUS_DETAILS}, the server's status lost)")
+    # A call this client cancels ends in asyncio.CancelledError (grpcio checks is_locally_cancelled
+    # before raising), so an AioRpcError CANCELLED is the other end's: a server shutting down cancels
+    # the calls still open when its transport's grace runs out (grpc::Server::Shutdown's deadline,
+    # grpc.aio's stop(grace)). A stream stays open until the client half-closes, so a draining
+    # replica's stream ends this way once its accepted items are answered; a CI run met it on
+    # cpp-grpc (tests/integration/test_client.py, test_stream_moves_off_a_draining_replica).
+    if e.code() == grpc.StatusCode.CANCELLED:
+        return Unavailable("UNAVAILABLE", f"the server cancelled the call (grpc: {e.details()}); "
+                                          f"it was shutting down")
     return from_rpc_error(e)
 
 

@@ -291,15 +291,22 @@ def test_a_call_the_server_ends_with_items_unanswered_is_reopened_too():
     assert len(r.calls) == 2 and r.calls[1].ks == [1]
 
 
-def test_a_status_grpcio_lost_under_a_write_reopens_the_call():
+@pytest.mark.parametrize("code, details", [
     # grpcio's asyncio client reads "Internal error from Core" (INTERNAL) when a write fails because
     # the server ended the call (a draining replica's UNAVAILABLE lost client-side): a CI run failed a
-    # stream on it. The call is reopened with what is unanswered, as on UNAVAILABLE.
+    # stream on it.
+    (grpc.StatusCode.INTERNAL, "Internal error from Core"),
+    # A server shutting down cancels the calls still open when its grace runs out; a stream is open
+    # until the client half-closes, so a draining replica's stream ends so (a CI run, cpp-grpc).
+    (grpc.StatusCode.CANCELLED, "CANCELLED"),
+], ids=["internal-lost-status", "cancelled-by-server"])
+def test_a_call_ended_under_the_client_by_the_server_is_reopened(code, details):
+    # The call is reopened with what is unanswered, as on UNAVAILABLE.
     def lost_status(call, req):
         if call is r.calls[0]:
             if len(call.requests) == 2:
                 call.score(call.requests[0][1])
-                call.fail(grpc.StatusCode.INTERNAL, "Internal error from Core")
+                call.fail(code, details)
         else:
             call.score(req)
 
