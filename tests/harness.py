@@ -1,6 +1,6 @@
 """What the conformance suite shares: the default model's golden data, and one way to call any server kind.
 
-`Caller(server)` is rmscore_loadtest.caller's `Caller` (the one caller of every server-driving tool)
+`Caller(server)` is rmscore_tools.caller's `Caller` (the one caller of every server-driving tool)
 aimed at a RunningServer: requests are plain dicts ({"tokens": [...]} / {"prompt": .., "response":
 ..} / {}), and every failure comes back as CallError(code name, message), whatever the transport,
 so one assertion covers gRPC and HTTP alike.
@@ -15,8 +15,8 @@ import numpy as np
 
 from rmscore_client.v1 import reward_pb2 as pb  # noqa: F401 - re-exported for the tests
 from rmscore_client.v1 import reward_pb2_grpc as pbg  # noqa: F401 - re-exported for the tests
-from rmscore_loadtest import caller
-from rmscore_loadtest.caller import CallError  # noqa: F401 - re-exported for the tests
+from rmscore_tools import caller
+from rmscore_tools.caller import CallError  # noqa: F401 - re-exported for the tests
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MANIFEST = json.loads((ROOT / "models" / "default" / "manifest.json").read_text())

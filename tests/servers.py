@@ -1,6 +1,6 @@
 """Real rmscore servers as child processes on loopback, for every test that needs one.
 
-The launcher itself is the library's (`rmscore.tools.launch.start`: port file, log capture, readiness,
+The launcher itself is the library's (`rmscore_tools.launch.start`: port file, log capture, readiness,
 signals by PID only); this module adds what only tests want: `available_kinds()` narrowed by
 RMSCORE_TEST_KINDS, and the default model plus small batching and thread flags on every server.
 `start(kind, **flags)` launches a kind on ephemeral ports (or `port=`, fixed), waits for it to
@@ -13,8 +13,8 @@ import os
 import pathlib
 import time
 
-from rmscore.tools import kinds, launch
-from rmscore.tools.launch import RunningServer  # noqa: F401 - re-exported for the tests
+from rmscore_tools import kinds, launch
+from rmscore_tools.launch import RunningServer  # noqa: F401 - re-exported for the tests
 
 ROOT = launch.ROOT
 MODEL = ROOT / "models" / "default"

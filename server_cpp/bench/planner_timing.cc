@@ -1,5 +1,5 @@
 // rmscore-planner-timing QUEUED REPEATS: how long one batching decision takes with QUEUED sequences
-// waiting, in C++, for `rmscore bench --planning` (loadtest/rmscore_loadtest/bench/planning.py, which
+// waiting, in C++, for `rmscore bench --planning` (tools/rmscore_tools/bench/planning.py, which
 // times the Python planner the same way). Two forms per mode: the queue rebuilt as a list and planned
 // (Plan, what the batcher did at every wake-up before it kept an index) and the kept index
 // (QueueIndex::Expired + PlanLive, what it does now). One JSON line: {"mode": {"rebuilt_us": x,

@@ -1,6 +1,6 @@
 """The `rmscore` command. The server's own subcommands (export, serve) are built in, so they work
 from a source tree too; the other distributions add theirs through the `rmscore.commands` entry
-points (score and info from rmscore-client; up, bench and hardening from rmscore-loadtest)."""
+points (score and info from rmscore-client; up, bench, profile and hardening from rmscore-tools)."""
 
 from __future__ import annotations
 

@@ -31,9 +31,9 @@ import servers
 from harness import GOLDEN_IDS as ALL_GOLDEN_IDS
 from harness import GOLDEN_SCORES as ALL_GOLDEN_SCORES
 from harness import pb, pbg
-from rmscore.tools import launch
+from rmscore_tools import launch
 from rmscore_client import HttpRewardClient, RetryPolicy, RewardClient, Unauthenticated
-from rmscore_loadtest.observe import metric
+from rmscore_tools.observe import metric
 
 KINDS = servers.available_kinds()
 # One plaintext+token server for each distinct credentials path: C++, Python gRPC, Python HTTP.

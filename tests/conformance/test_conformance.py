@@ -25,8 +25,8 @@ import servers
 from harness import GOLDEN_IDS, GOLDEN_SCORES, MANIFEST, MAX_LEN, ROOT, VOCAB, Caller, CallError, pb, pbg
 from rmscore.core.metrics import SPEC
 from rmscore.model.padding import pad_batch
-from rmscore_loadtest.observe import metric
-from rmscore_loadtest.reliability.transport import expected_wait_s
+from rmscore_tools.observe import metric
+from rmscore_tools.reliability.transport import expected_wait_s
 
 KINDS = servers.available_kinds()
 # Limits small enough that the overload test can fill the queue.
@@ -271,7 +271,7 @@ def test_abandoned_sequences_are_dropped_before_the_model(server):
     try:
         body = tokens(GOLDEN_IDS[:2])
         if server.transport == "grpc":
-            from rmscore_loadtest.caller import score_request
+            from rmscore_tools.caller import score_request
             with grpc.insecure_channel(server.target) as ch:
                 fut = pbg.RewardModelStub(ch).Score.future(score_request(body))  # no deadline
                 time.sleep(0.2)

@@ -21,7 +21,7 @@ from google.protobuf import descriptor_pb2
 
 import servers
 from harness import GOLDEN_IDS, GOLDEN_SCORES
-from rmscore.tools import kinds, launch
+from rmscore_tools import kinds, launch
 
 # The venv's grpcurl (the wrapper's entry point) whichever python runs the tests, else one on PATH.
 GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or shutil.which("grpcurl")
@@ -99,7 +99,7 @@ def test_malformed_grpc_timeout_is_no_deadline(server, value, request):
     """The contract: a grpc-timeout that does not parse is no deadline (docs/hardening.md, "Transport
     attacks": C++ ignored it, Python answered INTERNAL). grpcio will not send such a header: raw HTTP/2."""
     from rmscore_client.v1 import reward_pb2
-    from rmscore_loadtest.reliability.transport import grpc_call_raw
+    from rmscore_tools.reliability.transport import grpc_call_raw
 
     if server.kind.startswith("py-grpc"):  # strict: passing would mean grpcio changed, and this marker must go
         request.applymarker(pytest.mark.xfail(strict=True, reason=(
@@ -116,7 +116,7 @@ def test_a_compressed_request_is_refused_before_it_is_inflated(server):
     headers. 16 MiB of zeros, 16 KiB sent."""
     import zlib
 
-    from rmscore_loadtest.reliability import h2raw
+    from rmscore_tools.reliability import h2raw
 
     z = zlib.compressobj(9, zlib.DEFLATED, 31, 9, zlib.Z_RLE)  # wbits 31: the gzip wrapper
     bomb = b"".join(z.compress(bytes(1 << 20)) for _ in range(16)) + z.flush()

@@ -1,4 +1,4 @@
-"""The hostile-input corpus (rmscore_loadtest.reliability.hostile) against every server kind but
+"""The hostile-input corpus (rmscore_tools.reliability.hostile) against every server kind but
 py-grpc-compile (servers.frontend_kinds: its frontend is eager's), one server per kind.
 
 Each case is its own test: the bad request gets the contract's code and
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 import servers
-from rmscore_loadtest.reliability import hostile
+from rmscore_tools.reliability import hostile
 KINDS = servers.frontend_kinds()
 # A small message limit keeps the oversized cases cheap; the count limit is the conformance suite's.
 FLAGS = dict(max_sequences_per_request=128, max_request_bytes=4 << 20)

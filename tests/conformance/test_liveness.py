@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import servers
 from harness import GOLDEN_IDS, GOLDEN_SCORES, ROOT, Caller
-from rmscore_loadtest.observe import metric
+from rmscore_tools.observe import metric
 
 KINDS = servers.frontend_kinds()
 THRESHOLD_S = 2

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 import servers
-from rmscore_loadtest.observe import metric
+from rmscore_tools.observe import metric
 
 KINDS = servers.frontend_kinds()
 BUDGET = 2 << 20

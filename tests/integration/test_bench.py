@@ -12,10 +12,10 @@ import sys
 import numpy as np
 import pytest
 
-from rmscore_loadtest.bench.inproc import plan_batches
-from rmscore_loadtest.stats import CI, mean_ci, overlaps, percentiles, verdict
-from rmscore_loadtest.bench.summary import summarise
-from rmscore_loadtest.workload import LengthMix, chunks, make_rollout, padding_efficiency
+from rmscore_tools.bench.inproc import plan_batches
+from rmscore_tools.stats import CI, mean_ci, overlaps, percentiles, verdict
+from rmscore_tools.bench.summary import summarise
+from rmscore_tools.workload import LengthMix, chunks, make_rollout, padding_efficiency
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -270,7 +270,7 @@ def _claims_record(eager_makespans=(3.0, 3.1, 3.2), eager_throughput=(10, 11, 12
 
 
 def test_study_claims_verdicts():
-    from rmscore_loadtest.bench.report import study_claims
+    from rmscore_tools.bench.report import study_claims
 
     record = _claims_record()
     claims = {c["claim"]: c["agrees"] for c in study_claims(record, summarise(record))}

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from rmscore_loadtest.bench.overhead import full_batches
+from rmscore_tools.bench.overhead import full_batches
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DRIVER = ROOT / "build/cpp/rmscore-ort-driver"

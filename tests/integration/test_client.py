@@ -28,7 +28,7 @@ import servers
 from rmscore_client import (NO_RETRY, AsyncHttpRewardClient, AsyncRewardClient, DeadlineExceeded,
                             HttpRewardClient, InvalidInput, Overloaded, RetryPolicy, RewardClient, ScoreResult,
                             Unavailable)
-from rmscore_loadtest.observe import metric
+from rmscore_tools.observe import metric
 
 MODEL = servers.MODEL
 MANIFEST = json.loads((MODEL / "manifest.json").read_text())

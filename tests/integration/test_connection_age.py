@@ -23,9 +23,9 @@ import pytest
 
 import servers
 from harness import GOLDEN_IDS
-from rmscore.tools import launch
+from rmscore_tools import launch
 from rmscore_client import AsyncRewardClient
-from rmscore_loadtest.observe import metric
+from rmscore_tools.observe import metric
 
 # The connection age is the gRPC frontend's.
 KINDS = [k for k in servers.frontend_kinds() if launch.transport(k) == "grpc"]

@@ -9,7 +9,7 @@ import pytest
 
 import servers
 from rmscore.core.config import ELASTIC_WORKERS
-from rmscore_loadtest.caller import Caller
+from rmscore_tools.caller import Caller
 
 # The C++ server's side (and profiles crossing languages) is test_cost_profile_cpp.py.
 KINDS = [k for k in ("py-grpc-onnxruntime",) if k in servers.available_kinds()]

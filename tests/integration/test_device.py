@@ -1,6 +1,7 @@
 """The CPU side of the GPU path: asking for CUDA where there is none fails at start, clearly,
-and never falls back to the CPU; scripts/gpu_check.py says so too, and on a machine that lacks
-some packages reports those parts unavailable instead of crashing (docs/gpu.md)."""
+and never falls back to the CPU; the GPU check (tools/rmscore_tools/bench/gpu_check.py) says so
+too, and on a machine that lacks some packages reports those parts unavailable instead of
+crashing (docs/gpu.md)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 import servers
 
-GPU_CHECK = servers.ROOT / "scripts" / "gpu_check.py"
+GPU_CHECK = servers.ROOT / "tools" / "rmscore_tools" / "bench" / "gpu_check.py"
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: CUDA would start")
 
 TORCH_NO_CUDA = "--device cuda: PyTorch sees no CUDA device"

@@ -13,7 +13,7 @@ import pytest
 
 import servers
 from harness import GOLDEN_IDS, GOLDEN_SCORES
-from rmscore_loadtest.caller import Caller
+from rmscore_tools.caller import Caller
 
 KINDS = [k for k in ("py-grpc-onnxruntime", "cpp-grpc") if k in servers.available_kinds()]
 TOLERANCE = 1e-5

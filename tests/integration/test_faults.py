@@ -1,5 +1,5 @@
 """Faults on every server kind but py-grpc-compile (servers.frontend_kinds), as real processes on loopback: overload, cancelling clients, SIGKILL
-and restart, SIGTERM drain, and a short soak (rmscore_loadtest.reliability.faults; docs/hardening.md).
+and restart, SIGTERM drain, and a short soak (rmscore_tools.reliability.faults; docs/hardening.md).
 
 One server per kind serves the tests in file order: overload, cancel and soak share it, the
 kill/restart test replaces it with the restarted one, and the drain test ends it. Sizes here are small; `rmscore hardening` runs the report's.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 import servers
-from rmscore_loadtest.reliability import faults
+from rmscore_tools.reliability import faults
 KINDS = servers.frontend_kinds()
 # A queue small enough that 4x the capacity overflows it within seconds.
 FLAGS = dict(max_queue_sequences=128, max_sequences_per_request=128, max_batch_size=16, drain_grace_seconds=60)

@@ -23,7 +23,7 @@ import pytest
 import requests
 
 import servers
-from rmscore_loadtest.observe import metric
+from rmscore_tools.observe import metric
 from test_client import assert_scores, local_tokenizer, ort_scores
 
 EOS = "</s>"

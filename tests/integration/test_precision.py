@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from harness import GOLDEN_IDS, GOLDEN_SCORES, Caller
-from rmscore_loadtest.caller import tokens
+from rmscore_tools.caller import tokens
 from rmscore.model import precision
-from rmscore.tools import launch
+from rmscore_tools import launch
 import servers
 
 ORT_KINDS = [k for k in servers.available_kinds() if k in ("py-grpc-onnxruntime", "py-http-onnxruntime", "cpp-grpc")]
@@ -89,7 +89,7 @@ def test_unknown_precision_is_refused_before_warm_up(kind):
 
 
 def test_bench_reports_each_precision_beside_fp32(int8_repo, tmp_path):
-    from rmscore_loadtest.bench import precision as bench
+    from rmscore_tools.bench import precision as bench
 
     record = bench.run(str(int8_repo), rollout_size=6, repeats=2, threads=1, lengths="fixed:16")
     assert sorted(record["seq_s"]) == ["fp32", "int8"] and all(len(v) == 2 for v in record["seq_s"].values())

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 import servers
-from rmscore_loadtest.reliability.transport import expected_wait_s
+from rmscore_tools.reliability.transport import expected_wait_s
 
 HTTP = "py-http-onnxruntime"
 HANG_S = 12

@@ -1,4 +1,4 @@
-"""scripts/soak_long.py: a short real run with an environment variant, and the redraw of a saved run.
+"""The long soak (python -m rmscore_tools.reliability.soak_long): a short real run with an environment variant, and the redraw of a saved run.
 
 What is checked is what the run measured (its samples, and the figures and table made from
 them) and what it did (the variant's environment reached its server and no other), never a
@@ -18,7 +18,7 @@ import pytest
 
 import servers
 
-SCRIPT = servers.ROOT / "scripts/soak_long.py"
+SOAK_LONG = ["-m", "rmscore_tools.reliability.soak_long"]
 
 
 def table_rows(stdout: str) -> dict[str, list[str]]:
@@ -60,7 +60,7 @@ def children_environ(pid: int) -> dict[int, dict[str, str]]:
 def test_short_soak_with_a_variant_samples_every_server(tmp_path):
     out = tmp_path / "soak"
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--kinds", "py-grpc-onnxruntime", "--seconds", "6",
+    proc = subprocess.Popen([sys.executable, *SOAK_LONG, "--kinds", "py-grpc-onnxruntime", "--seconds", "6",
                              "--warmup-seconds", "2", "--sample-seconds", "2", "--concurrency", "2",
                              "--variant", "arena2:MALLOC_ARENA_MAX=2", "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=servers.ROOT, env=env)
@@ -115,7 +115,7 @@ def saved_soak(start: float, end: float, peak: float, requests: int, errors: int
 
 
 def plot_only(src: pathlib.Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), "--plot-only", str(src)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, *SOAK_LONG, "--plot-only", str(src)], capture_output=True, text=True,
                           timeout=120)
 
 
@@ -156,6 +156,6 @@ def test_plot_only_redraws_the_committed_run(tmp_path):
 
 
 def test_a_malformed_variant_is_refused_with_the_value():
-    r = subprocess.run([sys.executable, str(SCRIPT), "--variant", "nocolon"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, *SOAK_LONG, "--variant", "nocolon"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2 and "'nocolon'" in r.stderr, r.stderr

@@ -26,8 +26,8 @@ import pytest
 
 import servers
 from harness import GOLDEN_IDS, pb, pbg
-from rmscore_loadtest.observe import metric
-from rmscore_loadtest.reliability import h2raw
+from rmscore_tools.observe import metric
+from rmscore_tools.reliability import h2raw
 
 pytestmark = pytest.mark.skipif("cpp-grpc" not in servers.available_kinds(), reason="cpp-grpc is not built")
 

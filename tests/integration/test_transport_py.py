@@ -1,7 +1,7 @@
 """Transport attacks on the Python servers (docs/hardening.md, "Transport attacks (Python)" and "A queue
 bounded by work"), small and seconds long:
 stalled bodies, a stream flooding the queue, long requests flooding it with work, a PING flood, and a
-request with both Content-Length and Transfer-Encoding. The attacks are rmscore_loadtest.reliability.transport's, as in
+request with both Content-Length and Transfer-Encoding. The attacks are rmscore_tools.reliability.transport's, as in
 `rmscore hardening`. One server per kind for the module; cpp-grpc has its own test module.
 """
 
@@ -13,7 +13,7 @@ import time
 import pytest
 
 import servers
-from rmscore_loadtest.reliability import faults, transport
+from rmscore_tools.reliability import faults, transport
 
 GRPC, HTTP = "py-grpc-onnxruntime", "py-http-onnxruntime"
 MiB = 1 << 20

@@ -23,7 +23,7 @@ import time
 import httpx
 import pytest
 
-from rmscore.tools import launch
+from rmscore_tools import launch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RMSCORE = pathlib.Path(sys.executable).with_name("rmscore")

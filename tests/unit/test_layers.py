@@ -17,7 +17,7 @@ SRC = pathlib.Path(__file__).resolve().parents[2] / "server_py" / PACKAGE
 #: Highest first. A part is a folder of server_py/rmscore, or a module at its top (`cli`); `rmscore`
 #: is the package's own __init__. A part may import its own layer and the layers below it.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("cli", "tools"),  # the `rmscore` command; the kinds registry and launcher (nothing imports them)
+    ("cli",),          # the `rmscore` command
     ("frontends",),    # transports and the process runner: they compose a core with a runtime
     ("runtimes",),     # model runtimes: implement what core/runtime.py asks for
     ("core",),         # transport-free serving: config, batcher, planner, ScoringCore
@@ -161,3 +161,21 @@ def test_no_circle_between_folders():
     detail = [f"{a} -> {b}: {len(found)} imports, e.g. {found[0].where()}"
               for c in circles for (a, b), found in sorted(by_pair.items()) if a in c and b in c]
     assert not circles, f"folders that import each other round a circle: {circles}\n" + "\n".join(detail)
+
+
+#: The distributions point one way too: the tools start and drive the server and the client; the
+#: server and the client never import the tools (the tools are not installed in the serving image).
+DISTRIBUTIONS = {"rmscore_client": pathlib.Path(__file__).resolve().parents[2] / "client" / "rmscore_client",
+                 PACKAGE: SRC}
+
+
+def test_no_distribution_imports_the_tools():
+    found = []
+    for name, root in DISTRIBUTIONS.items():
+        for path in sorted(root.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                found += [f"{path.relative_to(root.parent)}:{node.lineno} imports {n}"
+                          for n in names if n.split(".")[0] == "rmscore_tools"]
+    assert not found, found

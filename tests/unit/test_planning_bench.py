@@ -1,7 +1,7 @@
 """`rmscore bench --planning`'s machinery on a small queue: both forms time the same decisions, and the
 report names every mode in each language it could time (C++ only when its timing binary is built)."""
 
-from rmscore_loadtest.bench import planning
+from rmscore_tools.bench import planning
 
 
 def test_the_report_times_every_mode_in_both_forms(tmp_path):

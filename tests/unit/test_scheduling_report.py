@@ -3,8 +3,8 @@ ratios it reports (each server against the best plan of its own runtime in the s
 
 import pytest
 
-from rmscore_loadtest.bench import scheduling
-from rmscore_loadtest.bench.plans import plan
+from rmscore_tools.bench import scheduling
+from rmscore_tools.bench.plans import plan
 
 
 def test_plans_are_arrival_order_for_one_and_sorted_cuts_otherwise():

@@ -24,7 +24,7 @@ import time
 import httpx
 import pytest
 
-from rmscore_loadtest import caller
+from rmscore_tools import caller
 from rmscore_client.http_client import KEEPALIVE_EXPIRY_S
 
 SERVER_IDLE_LIMIT_S = KEEPALIVE_EXPIRY_S + 0.3

@@ -2,7 +2,7 @@
 
 import socket
 
-from rmscore_loadtest import up
+from rmscore_tools.up import stack
 
 
 def test_prometheus_port_moves_off_a_taken_port():
@@ -10,7 +10,7 @@ def test_prometheus_port_moves_off_a_taken_port():
         held.bind(("127.0.0.1", 0))
         held.listen()
         taken = held.getsockname()[1]
-        port = up.prometheus_port(preferred=taken)
+        port = stack.prometheus_port(preferred=taken)
         assert port != taken and port > 0
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))  # really free
@@ -20,4 +20,4 @@ def test_prometheus_port_keeps_a_free_preferred_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         free = s.getsockname()[1]
-    assert up.prometheus_port(preferred=free) == free
+    assert stack.prometheus_port(preferred=free) == free
