@@ -76,8 +76,13 @@ class TorchBackend:
         self._graphs_after_warmup = self._unique_graphs()
 
     def use_threads(self) -> None:
-        """torch's intra-op thread count is per process: --model-workers auto sets it per candidate."""
+        """Set this worker's intra-op thread count on the calling thread: --model-workers auto sets it
+        per candidate."""
         torch.set_num_threads(self._intra_op_threads)
+
+    def on_threads(self, threads: int) -> "ThreadsRun":
+        """This model, run with `threads` intra-op threads by whichever thread calls it (elastic)."""
+        return ThreadsRun(self, threads)
 
     def recompiles(self) -> int:
         return max(0, self._unique_graphs() - self._graphs_after_warmup) if self.name == "compile" else 0
@@ -87,6 +92,29 @@ class TorchBackend:
         from torch._dynamo.utils import counters
 
         return int(counters["stats"]["unique_graphs"])
+
+
+class ThreadsRun:
+    """A TorchBackend run at a set intra-op thread count, one model shared. Under OpenMP torch's count
+    is the calling thread's own (at::set_num_threads sets the caller's OpenMP and MKL counts; another
+    thread's call does not change it: a 1024 x 1024 matmul on a thread set to 1 kept its 1-thread time
+    after the main thread set 2), so two batcher threads may each run a batch on one thread while a
+    lone batch runs on every thread (runtimes/workers.py, elastic). Setting it costs about 0.2 us."""
+
+    def __init__(self, backend: TorchBackend, threads: int):
+        self.backend, self.threads = backend, threads
+        self.name = backend.name
+
+    def score(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        torch.set_num_threads(self.threads)
+        return self.backend.score(input_ids, attention_mask)
+
+    def warmup(self, max_batch_size: int, max_sequence_length: int) -> None:
+        torch.set_num_threads(self.threads)
+        self.backend.warmup(max_batch_size, max_sequence_length)
+
+    def recompiles(self) -> int:
+        return self.backend.recompiles()
 
 
 def _at_least_two(ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

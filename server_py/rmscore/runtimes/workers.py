@@ -7,7 +7,8 @@ threads at once gives 74). No fixed split wins at every load, so the default, `e
 one batcher thread per intra-op thread, all sharing one session of one intra-op thread (an ONNX
 Runtime run is thread-safe and works on its caller's thread, so T callers of one 1-thread session
 score as fast as T sessions, with one copy of the weights), and a session of every intra-op thread
-that the batcher gives a batch starting alone (core/batcher.py, `lone`). A count W keeps W sessions
+that the batcher gives a batch starting alone (core/batcher.py, `lone`). Eager PyTorch does the same
+with one model, each run setting its caller's thread count (torch_backend.ThreadsRun). A count W keeps W sessions
 of T / W threads; `auto` measures 1, 2, 4 ... at warm-up and keeps the fastest for every load.
 docs/batching.md, "Threads", has the measurements; the C++ server does the same
 (server_cpp/src/main.cc).
@@ -41,10 +42,10 @@ def candidates(intra_op_threads: int) -> list[int]:
 
 
 def elastic_applies(cfg: ServeConfig) -> bool:
-    """Whether `elastic` splits threads here: ONNX Runtime on a CPU with more than one intra-op thread.
-    PyTorch has one intra-op pool per process (two threads calling it share it), and on a GPU the
-    intra-op threads are not where a batch runs."""
-    return cfg.backend == "onnxruntime" and cfg.device == "cpu" and cfg.intra_op_threads > 1
+    """Whether `elastic` splits threads here: ONNX Runtime or eager PyTorch on a CPU with more than
+    one intra-op thread. torch.compile's generated kernels fix their thread count when compiled, and
+    on a GPU the intra-op threads are not where a batch runs."""
+    return cfg.backend in ("onnxruntime", "eager") and cfg.device == "cpu" and cfg.intra_op_threads > 1
 
 
 def create_workers(cfg: ServeConfig, repo: ModelRepo, count: int) -> list[Backend]:
@@ -89,13 +90,20 @@ def _elastic(cfg: ServeConfig, repo: ModelRepo) -> Workers:
     threads = cfg.intra_op_threads
     if not elastic_applies(cfg):
         why = "one intra-op thread" if threads == 1 else (
-            "a GPU" if cfg.device != "cpu" else "torch has one intra-op pool per process")
+            "a GPU" if cfg.device != "cpu" else "torch.compile's kernels fix their thread count when compiled")
         progress(f"model workers: elastic keeps 1 x {threads} intra-op threads ({why})")
         return Workers(create_workers(cfg, repo, 1))
-    shared = create(dataclasses.replace(cfg, intra_op_threads=1, model_workers=1), repo)
-    lone = create(dataclasses.replace(cfg, model_workers=1), repo)
-    progress(f"model workers: elastic, up to {threads} batches at once on one 1-thread session, "
-             f"a batch alone on a {threads}-thread one")
+    if cfg.backend == "eager":
+        # One model: torch's intra-op count belongs to the calling thread, set before each run.
+        model = create(dataclasses.replace(cfg, model_workers=1), repo)
+        shared, lone = model.on_threads(1), model.on_threads(threads)
+        progress(f"model workers: elastic, up to {threads} batches at once on one model at 1 thread each, "
+                 f"a batch alone on {threads} threads")
+    else:
+        shared = create(dataclasses.replace(cfg, intra_op_threads=1, model_workers=1), repo)
+        lone = create(dataclasses.replace(cfg, model_workers=1), repo)
+        progress(f"model workers: elastic, up to {threads} batches at once on one 1-thread session, "
+                 f"a batch alone on a {threads}-thread one")
     return Workers([shared] * threads, lone)
 
 
@@ -126,7 +134,8 @@ def _fixed_or_auto(cfg: ServeConfig, repo: ModelRepo, fixed: int | None) -> list
 
 
 def _use_threads(backend: Backend) -> None:
-    """PyTorch's intra-op thread count is one per process: set it back to this worker's before timing."""
+    """PyTorch's intra-op thread count is the calling thread's, and threads started later take the
+    last count set: set it to this worker's before timing."""
     use = getattr(backend, "use_threads", None)
     if use is not None:
         use()
