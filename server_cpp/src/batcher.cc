@@ -276,14 +276,14 @@ void Batcher::FailLocked(std::shared_ptr<Job> job, const grpc::Status& why, cons
   if (!job->accepted_) return;  // cancelled before Submit, which refuses it with `why`
   answers->push_back(job);
   int64_t dropped = 0;
-  for (size_t i = 0; i < job->seqs_.size(); ++i) dropped += EraseLocked(job->first_seq_id_ + i);
+  for (size_t i = 0; i < job->seqs_.size(); ++i) dropped += RemoveLocked(job->first_seq_id_ + i);
   QueueChangedLocked();
   ProgressLocked();
   if (drop_reason && dropped) metrics_->SequencesDropped(drop_reason, dropped);
 }
 
 // Precondition: mu_ held.
-bool Batcher::EraseLocked(uint64_t id) {
+bool Batcher::RemoveLocked(uint64_t id) {
   auto it = queue_.find(id);
   if (it == queue_.end()) return false;
   work_.Remove(it->second.job->seqs_[it->second.index].length);

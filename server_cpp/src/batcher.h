@@ -145,7 +145,7 @@ class Batcher {
   std::optional<Batch> NextBatchLocked(std::unique_lock<std::mutex>& lk, Answers* answers);
   Batch TakeBatchLocked(const std::vector<uint64_t>& ids, int64_t now_us);
   // Removes a sequence from the queue (false when it is not there).
-  bool EraseLocked(uint64_t id);
+  bool RemoveLocked(uint64_t id);
   void QueueChangedLocked();
   // The stall clock follows the queue (where a batch is taken, Loop tells it instead, with the batch).
   void ProgressLocked();

@@ -294,7 +294,7 @@ class Batcher:
     def _take_batch_locked(self, ids: list[int], now_us: int) -> _Batch:
         """Precondition: _mu held. Removes `ids` from the queue and packs them (under _mu, as the C++
         batcher must: there the sequences are views into request messages). Their queue wait ends now."""
-        seqs = [self._pop_locked(seq_id) for seq_id in ids]
+        seqs = [self._remove_locked(seq_id) for seq_id in ids]
         for q in seqs:
             self._metrics.queue_wait((now_us - q.arrival_us) / 1e6)
         input_ids, mask = pad_batch([q.job.seqs[q.index] for q in seqs], self._opts.pad_token_id)
@@ -376,13 +376,13 @@ class Batcher:
         if not job.accepted:
             return  # cancelled before submit, which refuses it with `why`
         answers.append(job)
-        dropped = sum(self._pop_locked(job.first_seq_id + i) is not None for i in range(len(job.seqs)))
+        dropped = sum(self._remove_locked(job.first_seq_id + i) is not None for i in range(len(job.seqs)))
         self._queue_changed_locked()
         self._progress_locked(_now_us())
         if drop_reason and dropped:
             self._metrics.sequences_dropped(drop_reason, dropped)
 
-    def _pop_locked(self, seq_id: int) -> _Queued | None:
+    def _remove_locked(self, seq_id: int) -> _Queued | None:
         """Precondition: _mu held. Removes a sequence from the queue (None when it is not there)."""
         q = self._queue.pop(seq_id, None)
         if q is not None:
