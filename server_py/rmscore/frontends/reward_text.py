@@ -8,18 +8,29 @@ per-server options (core/config.py, "framework text") bring it to the reward mod
   before anything else (EOS, pad, template markers of the policy).
 - `--chat-template FILE|model`: a (prompt, response) pair is rendered with the reward model's own
   chat template as a user and an assistant message, then tokenized as one text without added
-  special tokens (the template writes its own); `model` takes `chat_template` from the model
-  repository's hf/tokenizer_config.json. The HTTP server compiles it as it starts (`chat_template`),
-  before the model loads: the config holds the flag, not the template.
+  special tokens (the template writes its own); `model` takes the model repository's own template
+  (hf/chat_template.jinja, else hf/tokenizer_config.json `chat_template`). The HTTP server loads and
+  compiles it as it starts (`chat_template`), before the model loads: the config holds the flag,
+  not the template.
 
 A pair without a template is `encode(prompt, response)`, the same as the /rmscore/v1/score text path.
+
+Conversations (vLLM's `messages`) are rendered whole, every turn, as vLLM renders them: with
+--chat-template when set, else with the model repository's own template (`conversation_template`),
+and refused when there is neither, as vLLM refuses. Every template renders through
+rmscore_client.chat.ChatTemplate, the one renderer the TRL adapter uses too (transformers'
+sandboxed Jinja, the tokenizer's special tokens as variables).
 """
 
 from __future__ import annotations
 
 import pathlib
+from dataclasses import dataclass
+
+from rmscore_client.chat import ChatTemplate, ChatTemplateError, special_tokens
 
 from rmscore.core.config import ConfigError, ServeConfig
+from rmscore.core.errors import invalid
 from rmscore.core.tokenizing import check_chars, encode_ids
 
 #: The shortest tail of a prompt that counts as "the prompt, cut from the left" in a query: shorter
@@ -27,47 +38,57 @@ from rmscore.core.tokenizing import check_chars, encode_ids
 MIN_PROMPT_TAIL = 16
 
 
-def load_chat_template(spec: str, model: pathlib.Path) -> str:
-    """The template text of `--chat-template` (a file, or `model`); ValueError says why not."""
-    if spec == "model":
-        import json
+def _model_hf(model: pathlib.Path) -> pathlib.Path:
+    return model / "hf"
 
-        path = model / "hf" / "tokenizer_config.json"
-        try:
-            text = json.loads(path.read_text()).get("chat_template")
-        except (OSError, ValueError) as e:
-            raise ValueError(f"cannot read {path}: {e}") from None
-        if not isinstance(text, str) or not text:
-            raise ValueError(f"{path} has no chat_template")
-        return text
+
+def load_chat_template(spec: str, model: pathlib.Path) -> ChatTemplate:
+    """The template of `--chat-template` (a file, or `model`) with the model's special tokens (as
+    vLLM's --chat-template FILE renders with the model tokenizer's); ValueError says why not."""
+    if spec == "model":
+        return ChatTemplate.from_pretrained(_model_hf(model))
     try:
-        return pathlib.Path(spec).read_text()
+        text = pathlib.Path(spec).read_text()
     except OSError as e:
         raise ValueError(f"cannot read the file: {e.strerror}") from None
+    return ChatTemplate(text, special_tokens(_model_hf(model)))
 
 
-def compile_chat_template(text: str):
-    """A Jinja template in Hugging Face's chat-template dialect (sandboxed, as transformers renders it)."""
-    from jinja2.exceptions import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message):
-        raise TemplateError(message)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
-    return env.from_string(text)
+def model_chat_template(model: pathlib.Path) -> tuple[ChatTemplate | None, str]:
+    """The model repository's own template, or None and why not (the reason vLLM's refusal carries)."""
+    try:
+        return ChatTemplate.from_pretrained(_model_hf(model)), ""
+    except (ChatTemplateError, OSError) as e:
+        return None, str(e)
 
 
-def chat_template(cfg: ServeConfig):
-    """The compiled template of `--chat-template`, or None without one; ConfigError, worded as the
-    config's own flag errors, when it cannot be read or is not a template."""
+def compile_chat_template(text: str) -> ChatTemplate:
+    """A template in Hugging Face's chat-template dialect (sandboxed, as transformers renders it),
+    without special tokens."""
+    return ChatTemplate(text)
+
+
+def chat_template(cfg: ServeConfig) -> ChatTemplate | None:
+    """The template of `--chat-template`, or None without one; ConfigError, worded as the config's
+    own flag errors, when it cannot be read or is not a template."""
     if cfg.chat_template is None:
         return None
     try:
-        return compile_chat_template(load_chat_template(cfg.chat_template, cfg.model))
+        return load_chat_template(cfg.chat_template, cfg.model)
     except Exception as e:  # noqa: BLE001 - unreadable or not a template: said with the value
         raise ConfigError(f"--chat-template: not a usable chat template ({e}), got {cfg.chat_template!r}") from None
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A conversation to render whole with the conversation template, then tokenize: vLLM's
+    `messages` with its chat options (add_generation_prompt, continue_final_message, kwargs)."""
+
+    messages: tuple
+    options: tuple = ()  # (name, value) pairs handed to ChatTemplate.render
+
+    def texts(self) -> list[str]:
+        return [m["content"] for m in self.messages if isinstance(m.get("content"), str)]
 
 
 def split_query(query: str, prompt: str | None) -> tuple[str, str] | None:
@@ -121,14 +142,18 @@ class Encoder:
     its prompt first; a text that alone is too long keeps its last max_len tokens. A text over
     `max_chars` (--max-text-chars) is refused INVALID_ARGUMENT before it is tokenized."""
 
-    def __init__(self, tokenizer_json: str, max_len: int, strip: tuple[str, ...] = (), chat_template=None,
-                 max_chars: int = 1 << 62):
+    def __init__(self, tokenizer_json: str, max_len: int, strip: tuple[str, ...] = (),
+                 chat_template: ChatTemplate | None = None, max_chars: int = 1 << 62,
+                 conversation_template: ChatTemplate | None = None, no_template_reason: str = ""):
         from tokenizers import Tokenizer
 
         self.max_len = max_len
         self.max_chars = max_chars
         self.strip_strings = tuple(s for s in strip if s)
-        self.template = chat_template  # a compiled template, or None
+        self.template = chat_template  # --chat-template, for pairs; None: encode(prompt, response)
+        # Conversations: --chat-template, else the model's own (vLLM's order); None: refused.
+        self.conversation_template = chat_template or conversation_template
+        self.no_template_reason = no_template_reason
         plain = Tokenizer.from_str(tokenizer_json)
         plain.no_padding()
         plain.no_truncation()
@@ -146,12 +171,31 @@ class Encoder:
         return self.strip(pair[0]), self.strip(pair[1])
 
     def render(self, prompt: str, response: str) -> str:
-        messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
-        return self.template.render(messages=messages, add_generation_prompt=False, bos_token="", eos_token="")
+        try:
+            return self.template.render_pair(prompt, response)
+        except ChatTemplateError as e:
+            raise invalid(f"--chat-template: {e}") from None
 
-    def check(self, item: tuple[str, str] | str, where: str = "input") -> None:
+    def render_conversation(self, conv: Conversation) -> str:
+        """The whole conversation (strings stripped from its texts) as the template renders it;
+        INVALID_ARGUMENT, worded as vLLM's, when there is no template or it refuses the messages."""
+        if self.conversation_template is None:
+            # vLLM's refusal (its ChatTemplateResolutionError), then why this model has none.
+            raise invalid("messages: As of transformers v4.44, default chat template is no longer allowed, so you "
+                          "must provide a chat template if the tokenizer does not define one. (rmscore: "
+                          f"{self.no_template_reason or 'the model has no chat template'}; start the server "
+                          "with --chat-template FILE)")
+        messages = [{**m, "content": self.strip(m["content"])} if isinstance(m.get("content"), str) else m
+                    for m in conv.messages]
+        try:
+            return self.conversation_template.render(messages, **dict(conv.options))
+        except ChatTemplateError as e:
+            raise invalid(f"messages: {e}") from None
+
+    def check(self, item, where: str = "input") -> None:
         """INVALID_ARGUMENT when a text of `item` is over max_chars: lengths only, nothing read."""
-        for text in (item if isinstance(item, tuple) else (item,)):
+        texts = item.texts() if isinstance(item, Conversation) else item if isinstance(item, tuple) else (item,)
+        for text in texts:
             check_chars(text, self.max_chars, where)
 
     def encode_one(self, item: tuple[str, str] | str, add_special_tokens: bool = True) -> list[int]:
@@ -169,6 +213,9 @@ class Encoder:
             if isinstance(it, tuple) and self.template is not None:
                 inputs.append(self.render(*it))
                 groups.setdefault(False, []).append(k)
+            elif isinstance(it, Conversation):  # rendered text, special tokens as the caller says (vLLM: none)
+                inputs.append(self.render_conversation(it))
+                groups.setdefault(add_special_tokens, []).append(k)
             else:
                 inputs.append(it)
                 groups.setdefault(isinstance(it, tuple) or add_special_tokens, []).append(k)
@@ -195,7 +242,8 @@ async def encode_counted(pool, encoder: Encoder, items: list, add_special_tokens
     for it in items:  # lengths only: a text over the cap is refused before anything is tokenized
         if not isinstance(it, list):
             encoder.check(it)
-    chars = [0 if isinstance(it, list) else sum(map(len, it)) if isinstance(it, tuple) else len(it) for it in items]
+    chars = [0 if isinstance(it, list) else sum(map(len, it.texts())) if isinstance(it, Conversation)
+             else sum(map(len, it)) if isinstance(it, tuple) else len(it) for it in items]
 
     def piece(r: range) -> list[list[int]]:
         texts = [items[i] for i in r if not isinstance(items[i], list)]
