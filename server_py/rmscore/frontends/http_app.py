@@ -83,7 +83,8 @@ def _error_handlers(app: FastAPI, core: ScoringCore) -> None:
 
 
 def create_app(core: ScoringCore, chat_template=None) -> FastAPI:
-    """The FastAPI app over `core`; `chat_template`: the compiled --chat-template of the framework routes."""
+    """The FastAPI app over `core`; `chat_template`: the --chat-template of the framework routes
+    (a reward_text.ChatTemplate)."""
     app = FastAPI(title="rmscore", description="Reward-model scoring (same contract as the gRPC servers)")
     app.router.route_class = json_body.route_class()  # large bodies decode off the event loop
 
@@ -149,8 +150,11 @@ def create_app(core: ScoringCore, chat_template=None) -> FastAPI:
 def register_framework_routes(app: FastAPI, core: ScoringCore, chat_template=None) -> None:
     """The routes trainers' own clients speak (docs/frameworks/): OpenRLHF's POST /get_reward and
     vLLM's pooling API (POST /classify, /score, /rerank, /pooling, ...: vllm_api.py), beside rmscore's own."""
+    # Conversations (vLLM's messages) render with --chat-template, else the model repository's own
+    # template, as vLLM does; without either they are refused with the reason.
+    own, missing = reward_text.model_chat_template(core.repo.path)
     encoder = reward_text.Encoder(core.tokenizer_json, core.repo.max_sequence_length, core.cfg.strip_strings,
-                                  chat_template, core.max_text_chars)
+                                  chat_template, core.max_text_chars, own, missing)
     openrlhf.register(app, core, encoder)
     vllm_api.register(app, core, encoder)
 

@@ -26,7 +26,10 @@ ignored, as vLLM's OpenAIBaseModel does. What differs, on purpose:
   softmax/activation, and on /pooling normalize, dimensions, task, encoding_format base64);
 - errors have vLLM's shape, `{"error": {"message", "type", "param", "code"}}`, and a bad request is
   400 as there (http_errors.py, VLLM_PATHS); overload and not-ready keep rmscore's 429 and 503.
-Text goes through reward_text.Encoder, so --strip-string and --chat-template apply here too.
+Text goes through reward_text.Encoder, so --strip-string and --chat-template apply here too, and
+`messages` are rendered whole with the reward model's chat template (--chat-template, else the
+model repository's own; refused without one) as vLLM's chat requests are: add_generation_prompt,
+continue_final_message and chat_template_kwargs honoured, `chat_template` refused (vllm_protocol.ChatOptions).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from rmscore.core.errors import ScoreError, invalid
 from rmscore.core.scoring import SERVING, ScoringCore
 from rmscore.core.validation import SeqInput, check_unicode
 from rmscore.frontends.http_errors import refusal
-from rmscore.frontends.reward_text import Encoder, encode_counted
+from rmscore.frontends.reward_text import Conversation, Encoder, encode_counted
 from rmscore.frontends.vllm_pairs import broadcast, encode_pairs
 from rmscore.frontends.vllm_protocol import (ClassifyIn, PoolingIn, RerankIn, ScoreIn, ScoringIn, TokenizeIn,
                                               VllmRequest)
@@ -55,12 +58,13 @@ SCORE_PATHS = ("/score", "/v1/score")
 RERANK_PATHS = ("/rerank", "/v1/rerank", "/v2/rerank")
 
 
-def _messages_pair(messages: list[dict[str, Any]]) -> tuple[str, str]:
-    """A conversation as (everything before the last message, the last message): the last turn is
-    what the reward model judges."""
+def _messages(messages: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+    """vLLM's `messages` as the template sees them: every turn, each message's other fields kept; a
+    content given as parts becomes its text parts joined by newlines (vLLM's "string" content
+    format, chat_utils.py); each text checked (Unicode) before anything is rendered."""
     if not messages:
         raise invalid("messages: empty conversation")
-    texts = []
+    out = []
     for i, m in enumerate(messages):
         c = m.get("content")
         if isinstance(c, list):  # content parts: their "text" fields, each a string (else 400, not a 500)
@@ -68,11 +72,19 @@ def _messages_pair(messages: list[dict[str, Any]]) -> tuple[str, str]:
             bad = next((j for j, t in enumerate(parts) if not isinstance(t, str)), None)
             if bad is not None:
                 raise invalid(f"messages[{i}].content[{bad}].text: expected text")
-            c = "".join(parts)
-        if not isinstance(c, str):
+            c = "\n".join(parts)
+        if c is not None and not isinstance(c, str):
             raise invalid(f"messages[{i}].content: expected text")
-        texts.append(c)
-    return "\n\n".join(texts[:-1]), texts[-1]
+        if c is not None:
+            check_unicode(c, f"messages[{i}].content")
+        out.append({**m, "content": c})
+    return tuple(out)
+
+
+def conversation(body: ClassifyIn | TokenizeIn) -> Conversation:
+    """The request's messages and chat options, checked, to be rendered whole (reward_text.Encoder)."""
+    body.check_chat()
+    return Conversation(_messages(body.messages), body.chat_options())
 
 
 class VllmRoutes:
@@ -147,7 +159,7 @@ class VllmRoutes:
 
     def inputs(self, body: ClassifyIn) -> list[tuple[str, str] | str | list[int]]:
         if body.messages is not None:
-            return [self.encoder.strip_pair(_messages_pair(body.messages))]
+            return [conversation(body)]
         x = body.input
         if x is None:
             raise invalid("body: send input or messages")
@@ -160,7 +172,7 @@ class VllmRoutes:
     async def score(self, items: list, body: VllmRequest, add_special_tokens: bool = True) -> tuple[list, int]:
         """Raw rewards of `items` (text, pairs or token ids) and their total token count."""
         for i, it in enumerate(items):
-            for s in (it if isinstance(it, tuple) else (it,)):
+            for s in (it.texts() if isinstance(it, Conversation) else it if isinstance(it, tuple) else (it,)):
                 if isinstance(s, str):
                     check_unicode(s, f"input[{i}]")
             if not it or it == ("", ""):
@@ -210,10 +222,14 @@ class VllmRoutes:
         return 1.0 / (1.0 + math.exp(-r))
 
     def tokenize(self, body: TokenizeIn) -> dict:
-        """vLLM's TokenizeResponse. A conversation's ids are those the pooling routes score for it; a
-        prompt's are its whole tokenization (not cut to the model's length, as in vLLM)."""
+        """vLLM's TokenizeResponse: a conversation rendered whole with the chat template (as the pooling
+        routes render it, though /tokenize adds the generation prompt unless told not to, as vLLM's),
+        or a prompt; the whole tokenization, not cut to the model's length, as in vLLM."""
         if body.messages is not None:
-            ids = self.encoder.encode_one(self.encoder.strip_pair(_messages_pair(body.messages)))
+            text = self.encoder.render_conversation(conversation(body))
+            self.encoder.check(text, "messages")
+            special = body.add_special_tokens if body.add_special_tokens is not None else False
+            ids = self.encoder.plain.encode(text, add_special_tokens=special).ids
         elif body.prompt is not None:
             check_unicode(body.prompt, "prompt")
             special = body.add_special_tokens if body.add_special_tokens is not None else True

@@ -33,7 +33,38 @@ class VllmRequest(BaseModel):
     use_activation: bool | None = None
 
 
-class ClassifyIn(VllmRequest):
+class ChatOptions(BaseModel):
+    """ChatRequestOptionsMixin (pooling/base/protocol.py at 020638a6): how `messages` are rendered
+    with the chat template. `chat_template` (or one in `chat_template_kwargs`) is refused, as vLLM
+    refuses it without --trust-request-chat-template, which rmscore does not offer."""
+
+    model_config = ConfigDict(extra="allow")
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def check_chat(self) -> None:
+        if self.continue_final_message and self.add_generation_prompt and "add_generation_prompt" in self.model_fields_set:
+            raise invalid("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        if self.chat_template is not None or (self.chat_template_kwargs or {}).get("chat_template") is not None:
+            raise invalid("chat_template: Chat template is passed with request, but --trust-request-chat-template "
+                          "is not set. Refused request with untrusted chat template.")
+
+    def chat_options(self) -> tuple:
+        """What ChatTemplate.render takes: the kwargs, then the two flags over them (vLLM's merge_kwargs)."""
+        kw = {k: v for k, v in (self.chat_template_kwargs or {}).items()
+              if k not in ("messages", "tokenize", "chat_template")}
+        # A default add_generation_prompt (true on /tokenize) gives way to a continue_final_message sent.
+        generation = self.add_generation_prompt and not (
+            self.continue_final_message and "add_generation_prompt" not in self.model_fields_set)
+        kw.update(add_generation_prompt=generation, continue_final_message=self.continue_final_message)
+        if getattr(self, "tools", None) is not None:  # TokenizeChatRequest's tools, which the template sees
+            kw["tools"] = self.tools
+        return tuple(kw.items())
+
+
+class ClassifyIn(VllmRequest, ChatOptions):
     """ClassificationCompletionRequest (`input`) or ClassificationChatRequest (`messages`)."""
 
     input: list[int] | list[list[int]] | str | list[str] | None = None
@@ -52,11 +83,13 @@ class PoolingIn(ClassifyIn):
     endianness: Literal["native", "little", "big"] = "native"
 
 
-class TokenizeIn(BaseModel):
-    """TokenizeCompletionRequest (`prompt`) or TokenizeChatRequest (`messages`)."""
+class TokenizeIn(ChatOptions):
+    """TokenizeCompletionRequest (`prompt`) or TokenizeChatRequest (`messages`; there vLLM's
+    add_generation_prompt defaults to true, serve/tokenize/protocol.py at 030ea52e)."""
 
-    model_config = ConfigDict(extra="allow")
     model: str | None = None
+    add_generation_prompt: bool = True
+    tools: list[dict[str, Any]] | None = None
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
     add_special_tokens: bool | None = None  # vLLM: True for `prompt`, False for `messages`
