@@ -12,7 +12,14 @@ TRL (checked against 1.16.0, trl/trainer/grpo_trainer.py `_calculate_rewards`) c
 TRL's experimental trainers OnlineDPO, SDPO and A2PO call every reward function synchronously: use
 `rmscore_reward` there (an async one would hand them a coroutine; docs/frameworks/trl.md).
 Prompts and completions are strings, or for conversational datasets lists of message dicts
-(`[{"role": "assistant", "content": "..."}]`); the contents are joined.
+(`[{"role": "assistant", "content": "..."}]`). A conversational batch (TRL's `is_conversational`:
+the first prompt is a list of messages with a "role") is scored as TRL's own reward-model path
+scores it (`_calculate_rewards` for an `nn.Module` reward): `prompt + completion` messages rendered
+with the reward model's chat template (`chat_template=`: the reward model's directory, tokenizer or
+template; `chat_template_kwargs=` as GRPOConfig's), tokenized here with the server's tokenizer
+without added special tokens, and sent as token ids, so every server kind scores the same ids.
+Without `chat_template=` the message contents are joined by blank lines and scored as a pair, as
+before; a warning says so once.
 
 Both reward objects pickle (TRL's experimental AsyncGRPOTrainer sends `reward_funcs` to a worker
 process): they hold the target and options, and build their client lazily, in the process (and,
@@ -34,6 +41,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..base import _AsyncClientBase
+from ..chat import ChatTemplate
 from ..errors import RewardServerError
 from ..grpc_client import AsyncRewardClient
 from ..http_client import AsyncHttpRewardClient
@@ -65,6 +73,14 @@ def message_text(x: Any) -> str:
     raise TypeError(f"expected a string or a list of messages, got {type(x).__name__}")
 
 
+def is_conversational(prompts) -> bool:
+    """TRL's test (trl.data_utils.is_conversational) on the batch's first prompt."""
+    if not prompts:
+        return False
+    first = prompts[0]
+    return isinstance(first, list) and bool(first) and isinstance(first[0], dict) and "role" in first[0]
+
+
 def _pairs(prompts, completions, format_prompt, format_completion) -> tuple[list[str], list[str]]:
     if prompts is None:
         prompts = [""] * len(completions)
@@ -81,16 +97,23 @@ class _Reward:
     the model are cut from the left by default (`truncation`), so one long rollout never stops
     training. `scale`/`shift` map the raw score. `on_error="none"`: a call that still fails after
     the client's retries (which by default last until its timeout_s) returns None for every
-    completion, which TRL reads as NaN and leaves out, instead of raising and ending the step."""
+    completion, which TRL reads as NaN and leaves out, instead of raising and ending the step.
+    `chat_template`: the reward model's template for conversational batches (anything
+    `ChatTemplate.load` takes: its directory, an rmscore model repository, a transformers tokenizer,
+    template text); `chat_template_kwargs`: what GRPOConfig.chat_template_kwargs hands TRL's."""
 
     _client_attrs: tuple[str, ...] = ()
 
     def __init__(self, client, *, name: str = "rmscore", http: bool = False, truncation: str = "left",
                  format_prompt: Callable[[Any], str] = message_text,
                  format_completion: Callable[[Any], str] = message_text, scale: float = 1.0, shift: float = 0.0,
-                 on_error: str = "raise", **client_kw):
+                 on_error: str = "raise", chat_template: Any = None, chat_template_kwargs: dict | None = None,
+                 **client_kw):
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        self.chat_template = None if chat_template is None else ChatTemplate.load(chat_template)
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self._joined_warned = False
         self.target, self.fixed = (client, None) if isinstance(client, str) else (None, client)
         self.http, self.client_kw = http, client_kw
         self.__name__ = name
@@ -98,6 +121,27 @@ class _Reward:
         self.format_prompt, self.format_completion = format_prompt, format_completion
         self.scale, self.shift, self.on_error = scale, shift, on_error
         self.last_result = None  # the ScoreResult of the latest call (timings, model version)
+
+    def _rendered(self, prompts, completions) -> list[str] | None:
+        """Each prompt + completion conversation rendered with the chat template (TRL's reward-model
+        path), or None: not conversational, or no template (then joined text, said once)."""
+        if not is_conversational(prompts):
+            return None
+        if self.chat_template is None:
+            if not self._joined_warned:
+                self._joined_warned = True
+                log.warning("%s: conversational prompts are scored as their contents joined by blank lines, not "
+                            "rendered with the reward model's chat template as TRL's own reward-model path renders "
+                            "them; pass chat_template= (the reward model's directory or tokenizer) for its numbers",
+                            self.__name__)
+            return None
+        if len(prompts) != len(completions):
+            raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+        texts = []
+        for p, c in zip(prompts, completions):
+            c = [{"role": "assistant", "content": c}] if isinstance(c, str) else list(c)
+            texts.append(self.chat_template.render(list(p) + c, **self.chat_template_kwargs))
+        return texts
 
     def _rewards(self, result) -> list[float]:
         self.last_result = result
@@ -143,13 +187,18 @@ class RMScoreReward(_Reward):
         return self._client
 
     def __call__(self, prompts: Sequence | None = None, completions: Sequence = (), **kwargs) -> list:
-        p, c = _pairs(prompts, completions, self.format_prompt, self.format_completion)
-        if not c:
+        if not completions:
             return []
+        texts = self._rendered(prompts, completions)
+        if texts is None:
+            p, c = _pairs(prompts, completions, self.format_prompt, self.format_completion)
         try:
+            if texts is not None:  # the template wrote its own special tokens: none added
+                ids = [e.ids for e in self.client.tokenizer().encode_batch(texts, add_special_tokens=False)]
+                return self._rewards(self.client.score_ids(ids, truncation=self.truncation))
             return self._rewards(self.client.score_texts(p, c, truncation=self.truncation))
         except RewardServerError as e:
-            return self._failed(e, len(c))
+            return self._failed(e, len(completions))
 
     def close(self) -> None:
         if self.fixed is not None or getattr(self, "_client_pid", None) == os.getpid():
@@ -187,13 +236,20 @@ class RMScoreAsyncReward(_Reward):
         return c
 
     async def __call__(self, prompts: Sequence | None = None, completions: Sequence = (), **kwargs) -> list:
-        p, c = _pairs(prompts, completions, self.format_prompt, self.format_completion)
-        if not c:
+        if not completions:
             return []
+        texts = self._rendered(prompts, completions)
+        if texts is None:
+            p, c = _pairs(prompts, completions, self.format_prompt, self.format_completion)
         try:
-            return self._rewards(await self.client_for_loop().score_texts(p, c, truncation=self.truncation))
+            client = self.client_for_loop()
+            if texts is not None:  # the template wrote its own special tokens: none added
+                tok = await client.tokenizer()
+                encs = await asyncio.to_thread(tok.encode_batch, texts, add_special_tokens=False)
+                return self._rewards(await client.score_ids([e.ids for e in encs], truncation=self.truncation))
+            return self._rewards(await client.score_texts(p, c, truncation=self.truncation))
         except RewardServerError as e:
-            return self._failed(e, len(c))
+            return self._failed(e, len(completions))
 
     async def aclose(self) -> None:
         """Close the client of the running loop (or the fixed one)."""
@@ -215,4 +271,5 @@ def rmscore_async_reward(client: _AsyncClientBase | str | Callable[[], _AsyncCli
     return RMScoreAsyncReward(client, **kw)
 
 
-__all__ = ["RMScoreReward", "RMScoreAsyncReward", "rmscore_reward", "rmscore_async_reward", "message_text"]
+__all__ = ["RMScoreReward", "RMScoreAsyncReward", "rmscore_reward", "rmscore_async_reward", "message_text",
+           "is_conversational"]
