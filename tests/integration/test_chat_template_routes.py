@@ -89,6 +89,13 @@ def test_vllm_messages_are_rendered_whole_with_the_models_template(templated, hf
     assert r.status_code == 200, r.text
     assert_scores(r.json()["data"][0]["probs"],
                   [reference(hf_tok, CONVERSATION[:2], add_generation_prompt=True, brief=True)])
+    # Content parts: the text parts joined by newlines (vLLM's "string" content format).
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Why is"}, {"type": "text", "text": "the sky blue?"}]},
+             CONVERSATION[2]]
+    r = templated.post("/classify", json={"messages": parts, "use_activation": False})
+    assert r.status_code == 200, r.text
+    assert_scores(r.json()["data"][0]["probs"],
+                  [reference(hf_tok, [{"role": "user", "content": "Why is\nthe sky blue?"}, CONVERSATION[2]])])
     # A request's add_special_tokens adds the tokenizer's on top of the template's, as vLLM's does.
     r = templated.post("/classify", json={"messages": CONVERSATION, "add_special_tokens": True, "use_activation": False})
     text = hf_tok.apply_chat_template(CONVERSATION, tokenize=False)
