@@ -1,4 +1,7 @@
-"""verl's custom reward function interface, driven the way verl drives it (volcengine/verl b178a3cd):
+"""verl's custom reward function interface, driven the way verl drives it (read at volcengine/verl
+b178a3cd, 0.8.0.dev; the same functions and calls in verl 0.9.1), without verl installed: over both
+transports and on event loops one after the other. test_frameworks_verl_package.py runs verl 0.9.1
+itself, from PyPI, on the command lines of docs/frameworks/verl.md.
 
 - loading: `custom_reward_function.path: pkg://rmscore_client.adapters.verl` goes through
   verl.utils.import_utils.load_module (`importlib.import_module` of the part after pkg://), then
@@ -8,7 +11,7 @@
   ground_truth, extra_info; the reward loop (experimental/reward_loop/reward_manager/naive.py) awaits
   it when `inspect.iscoroutinefunction` says so, else runs it in the loop's default executor.
 
-verl itself is not installed (Ray, vLLM, ...): these few lines are its calling convention.
+These few lines are its calling convention (verl/trainer/ppo/reward.py and the naive managers).
 """
 
 from __future__ import annotations

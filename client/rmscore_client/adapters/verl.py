@@ -1,14 +1,15 @@
 """verl custom reward functions backed by rmscore: `compute_score` (sync) and `compute_score_async`.
 
-verl (checked against volcengine/verl main at b178a3cd, 0.8.0.dev, 2026-01-29; docs/frameworks/verl.md)
-loads a custom reward function from a file (`custom_reward_function.path` / `.name`), binds
-`custom_reward_function.reward_kwargs` to it, and its reward managers call it once per sample as
+verl (run as verl 0.9.1 from PyPI by tests/integration/test_frameworks_verl_package.py; first read at
+volcengine/verl b178a3cd, 0.8.0.dev; docs/frameworks/verl.md) loads a custom reward function
+(`reward.custom_reward_function.path` / `.name` since 0.9.0, top-level `custom_reward_function`
+before), binds its `reward_kwargs` to it, and its reward managers call it once per sample as
 
     compute_score(data_source=..., solution_str=response, ground_truth=..., extra_info=..., **reward_kwargs)
 
-the sync one directly (workers/reward_manager/naive.py) or in an executor thread, the async one
-(`inspect.iscoroutinefunction`) awaited on the reward loop (experimental/reward_loop/reward_manager/
-naive.py). verl passes the decoded response only: the prompt comes from the sample's `extra_info`
+in 0.9.1 from its reward workers (experimental/reward_loop/reward_manager/naive.py): the sync one in
+an executor thread, the async one (`inspect.iscoroutinefunction`) awaited on the worker's event loop.
+verl passes the decoded response only: the prompt comes from the sample's `extra_info`
 (verl's own data preprocessing stores it there, e.g. `extra_info["question"]` for GSM8K), under
 `prompt_key`, or the first of PROMPT_KEYS present. verl's own reward-model example (full_hh_rlhf)
 and others store none, and verl's reward loop does not catch an exception, so a sample without a
