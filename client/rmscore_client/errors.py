@@ -7,6 +7,8 @@ field and quotes the bad value (see docs/contract.md).
 
 from __future__ import annotations
 
+import re
+
 import grpc
 
 RETRYABLE = frozenset({"UNAVAILABLE", "RESOURCE_EXHAUSTED"})
@@ -41,7 +43,8 @@ class Overloaded(RewardServerError):
 
 class MessageTooLarge(RewardServerError):
     """RESOURCE_EXHAUSTED because one message exceeds the size limit: not transient, never retried
-    (use a smaller `chunk_size`)."""
+    (use a smaller `chunk_size`). Over HTTP the status says so (413); over gRPC the transport refuses
+    the message before any server code runs, so its status (`from_rpc_error`) is all there is."""
 
     @property
     def retryable(self) -> bool:
@@ -84,21 +87,32 @@ _BY_CODE = {
 _BY_NUMBER = {sc.value[0]: sc.name for sc in grpc.StatusCode}
 
 
-def _is_size_error(code: str, message: str) -> bool:
-    return code == "RESOURCE_EXHAUSTED" and ("larger than max" in message or "max_request_bytes" in message)
-
-
 def error_for(code: str, message: str, **kw) -> RewardServerError:
-    """The typed error for a status name."""
-    if _is_size_error(code, message):
-        return MessageTooLarge(code, message, **kw)
+    """The typed error for a status name: the code decides, never the message's text."""
     return _BY_CODE.get(code, RewardServerError)(code, message, **kw)
+
+
+def again(err: RewardServerError, **kw) -> RewardServerError:
+    """The same error with other attempts or item id: its class kept (a MessageTooLarge stays one),
+    a bare RewardServerError given its code's."""
+    cls = _BY_CODE.get(err.code, RewardServerError) if type(err) is RewardServerError else type(err)
+    return cls(err.code, err.message, **{"attempts": err.attempts, "item_id": err.item_id, **kw})
+
+
+# gRPC answers a message over a channel's or server's limit with RESOURCE_EXHAUSTED, the code of a
+# full queue too, and nothing else structured (no trailer, no status detail): the transport refuses
+# it before the server's code runs. Its wording is gRPC core's, "Received message larger than max
+# (N vs. M)" ("Sent ..." for the client's own limit), which grpcio's server prefixes with "SERVER: ".
+_GRPC_SIZE_REFUSAL = re.compile(r"\b(Received|Sent) message larger than max \(\d+ vs\. \d+\)")
 
 
 def from_rpc_error(e: grpc.RpcError, **kw) -> RewardServerError:
     code = e.code()
     name = code.name if code is not None else "UNKNOWN"
-    return error_for(name, e.details() or "", **kw)
+    details = e.details() or ""
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _GRPC_SIZE_REFUSAL.search(details):
+        return MessageTooLarge(name, details, **kw)
+    return error_for(name, details, **kw)
 
 
 def from_status_number(number: int, message: str, **kw) -> RewardServerError:

@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from .errors import DeadlineExceeded, RewardServerError, Unavailable, error_for, from_rpc_error, from_status_number
+from .errors import DeadlineExceeded, RewardServerError, Unavailable, again, from_rpc_error, from_status_number
 from .policy import now, with_retry
 
 _DONE = object()  # in `results`: the stream ended well; the caller's items, in `HttpStream.inbox`
@@ -336,7 +336,7 @@ class HttpStream(_Stream):
             except RewardServerError as e:
                 if len(batch) == 1 or e.code != "INVALID_ARGUMENT":
                     for uid, _ in batch:
-                        self._final_error(uid, error_for(e.code, e.message, attempts=e.attempts, item_id=uid))
+                        self._final_error(uid, again(e, item_id=uid))
                     return
         # Which items are bad? Score them one by one (outside the slot held above).
         await asyncio.gather(*(self._score([b]) for b in batch))

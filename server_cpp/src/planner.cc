@@ -178,7 +178,7 @@ bool Closed(const QueueIndex& index, const Chosen& c, const PlannerConfig& cfg) 
 
 void QueueIndex::Add(const Waiting& w, int64_t rank) {
   by_id_.emplace(w.id, std::make_pair(w, rank));
-  by_arrival_.emplace(rank, w.id);
+  by_arrival_.emplace(std::make_pair(rank, w.id), w.id);
   const Entry e{w.length, rank, w.id};
   by_length_.insert(std::lower_bound(by_length_.begin(), by_length_.end(), e), e);
   if (w.deadline_us) deadlines_.emplace(*w.deadline_us, w.id);
@@ -188,7 +188,7 @@ bool QueueIndex::Remove(uint64_t id) {
   auto it = by_id_.find(id);
   if (it == by_id_.end()) return false;
   const auto& [w, rank] = it->second;
-  by_arrival_.erase(rank);
+  by_arrival_.erase(std::make_pair(rank, id));
   by_length_.erase(std::lower_bound(by_length_.begin(), by_length_.end(), Entry{w.length, rank, id}));
   if (w.deadline_us) deadlines_.erase({*w.deadline_us, id});
   by_id_.erase(it);
@@ -236,7 +236,7 @@ Decision PlanLive(const QueueIndex& index, int64_t now_us, const PlannerConfig& 
   if (chosen.full || Closed(index, chosen, cfg) || now_us >= due_us || alone) {
     // Report the batch in queue order.
     std::sort(chosen.ids.begin(), chosen.ids.end(),
-              [&](uint64_t a, uint64_t b) { return index.Rank(a) < index.Rank(b); });
+              [&](uint64_t a, uint64_t b) { return std::make_pair(index.Rank(a), a) < std::make_pair(index.Rank(b), b); });
     d.batch = std::move(chosen.ids);
   } else {
     d.wait_us = due_us - now_us;

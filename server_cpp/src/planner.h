@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <utility>
 #include <unordered_map>
 #include <vector>
 
@@ -40,8 +41,11 @@ struct Decision {
 };
 
 // The live waiting sequences in the orders the planner searches, kept as they change (planner.py's
-// QueueIndex): arrival (by rank), length (a sorted vector of (length, rank, id): equal lengths keep
-// arrival order) and deadline. The batcher keeps one beside its queue, so a decision reads
+// QueueIndex): queue order (by (rank, id)), length (a sorted vector of (length, rank, id): equal lengths
+// keep the queue order) and deadline. The rank is the queue order: the batcher gives each sequence its
+// caller's turn (batcher.h, "fair order"), so a new caller's sequence may rank before sequences that
+// arrived earlier; equal ranks keep their ids' order. The oldest, which every batch holds, is the lowest
+// rank. The batcher keeps one beside its queue, so a decision reads
 // O(max_batch_size) entries and binary searches whatever is queued instead of rebuilding and sorting
 // every waiting sequence (1.7 ms at 4,096 queued, paid per sequence when the planner picks batches of
 // one). Plan builds one from a list. Not thread-safe: the batcher's mu_ guards it.
@@ -56,14 +60,17 @@ class QueueIndex {
       return rank != o.rank ? rank < o.rank : id < o.id;
     }
   };
-  // `rank` grows with arrival (the batcher uses the sequence id itself).
+  // `rank`: the sequence's place in the queue order (ties: by id).
   void Add(const Waiting& w, int64_t rank);
   bool Remove(uint64_t id);
   size_t size() const { return by_id_.size(); }
   const Waiting& Get(uint64_t id) const { return by_id_.at(id).first; }
   int64_t Rank(uint64_t id) const { return by_id_.at(id).second; }
   const Waiting& Oldest() const { return Get(by_arrival_.begin()->second); }
-  const std::map<int64_t, uint64_t>& by_arrival() const { return by_arrival_; }  // rank -> id
+  // The lowest rank queued (the index must not be empty).
+  int64_t FirstRank() const { return by_arrival_.begin()->first.first; }
+  // (rank, id) -> id, in queue order.
+  const std::map<std::pair<int64_t, uint64_t>, uint64_t>& by_arrival() const { return by_arrival_; }
   const std::vector<Entry>& by_length() const { return by_length_; }
   // Where `w` sits in by_length().
   size_t Position(const Waiting& w) const;
@@ -72,7 +79,7 @@ class QueueIndex {
 
  private:
   std::unordered_map<uint64_t, std::pair<Waiting, int64_t>> by_id_;
-  std::map<int64_t, uint64_t> by_arrival_;
+  std::map<std::pair<int64_t, uint64_t>, uint64_t> by_arrival_;
   std::vector<Entry> by_length_;
   std::set<std::pair<int64_t, uint64_t>> deadlines_;
 };

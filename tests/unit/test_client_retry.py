@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 
+import grpc
 import pytest
 
 from rmscore_client import errors
@@ -87,6 +88,23 @@ def test_without_a_deadline_each_attempt_is_given_none():
     assert got == ("ok", 2) and [left for _, left in fn.calls] == [None, None]
 
 
+class RpcError(grpc.RpcError):
+    """What a failed gRPC call raises: a status code and its details."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+# gRPC core's own refusal of a message over the server's limit (the transport's, before any server code)
+SIZE_REFUSAL = RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "Received message larger than max (5000000 vs. 4194304)")
+
+
 @pytest.mark.parametrize("err", [Unavailable("UNAVAILABLE", "draining"),
                                  Overloaded("RESOURCE_EXHAUSTED", "queue full")])
 def test_unavailable_and_resource_exhausted_are_retried(err, top_of_range):
@@ -104,7 +122,7 @@ def test_unavailable_and_resource_exhausted_are_retried(err, top_of_range):
     Unauthenticated("UNAUTHENTICATED", "bad token"),
     Cancelled("CANCELLED", "cancelled"),
     # RESOURCE_EXHAUSTED because one message is too large is not transient: never retried
-    errors.error_for("RESOURCE_EXHAUSTED", "Received message larger than max (5000000 vs. 4194304)"),
+    errors.from_rpc_error(SIZE_REFUSAL),
     RewardServerError("FAILED_PRECONDITION", "an unmapped code"),
 ])
 def test_every_other_failure_is_final_at_once(err):
@@ -114,9 +132,22 @@ def test_every_other_failure_is_final_at_once(err):
 
 
 def test_the_size_error_is_the_non_retryable_kind():
-    e = errors.error_for("RESOURCE_EXHAUSTED", "Received message larger than max (5000000 vs. 4194304)")
+    e = errors.from_rpc_error(SIZE_REFUSAL)
     assert isinstance(e, MessageTooLarge) and not e.retryable
-    assert errors.error_for("RESOURCE_EXHAUSTED", "queue full").retryable
+    # as the Python servers' grpcio words it (the C++ server's gRPC has no prefix)
+    python_server = RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "SERVER: " + SIZE_REFUSAL.details())
+    assert isinstance(errors.from_rpc_error(python_server), MessageTooLarge)
+    assert errors.from_rpc_error(RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full")).retryable
+    # Everywhere else the code decides, not the text: a stream item's RESOURCE_EXHAUSTED is the queue's.
+    assert type(errors.from_status_number(8, "Received message larger than max (5 vs. 4)")) is Overloaded
+
+
+def test_an_error_passed_on_for_one_item_keeps_its_kind():
+    """HTTP says 413 (MessageTooLarge); the stream's fallback hands it to each item as it was."""
+    e = errors.again(MessageTooLarge("RESOURCE_EXHAUSTED", "body of 9 bytes exceeds max_request_bytes 4", attempts=2),
+                     item_id=7)
+    assert isinstance(e, MessageTooLarge) and (e.item_id, e.attempts) == (7, 2) and not e.retryable
+    assert type(errors.again(RewardServerError("INTERNAL", "3 scores for 4"), item_id=1)) is InternalError
 
 
 def test_an_exception_that_is_no_server_error_is_not_retried():

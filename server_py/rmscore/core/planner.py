@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -68,9 +67,13 @@ class Decision:
 
 
 class QueueIndex:
-    """The live waiting sequences in the orders the planner searches, kept as they change: arrival
-    (an ordered dict by id), length (a sorted list of (length, rank, id): the rank is the arrival
-    order, so equal lengths keep it) and deadline (a sorted list of (deadline_us, id), as C++'s set).
+    """The live waiting sequences in the orders the planner searches, kept as they change: queue order
+    (a sorted list of (rank, id)), length (a sorted list of (length, rank, id): equal lengths keep the
+    queue order) and deadline (a sorted list of (deadline_us, id), as C++'s set).
+
+    The rank is the queue order: the batcher gives each sequence its caller's turn (batcher.py, "fair
+    order"), so a new caller's sequence may rank before sequences that arrived earlier; equal ranks
+    keep their ids' order. The oldest sequence, which every batch holds, is the lowest rank.
 
     The batcher keeps one beside its queue (add on submit, remove when a sequence leaves), so a
     decision reads O(max_batch_size) entries and binary searches whatever is queued: rebuilding and
@@ -79,45 +82,54 @@ class QueueIndex:
     the shared vectors hold both languages to). Not thread-safe: the batcher's lock guards it."""
 
     def __init__(self) -> None:
-        self._by_arrival: OrderedDict[int, tuple[Waiting, int]] = OrderedDict()  # id -> (waiting, rank)
+        self._by_id: dict[int, tuple[Waiting, int]] = {}  # id -> (waiting, rank)
+        self._by_rank: list[tuple[int, int]] = []  # (rank, id), sorted: the queue order
         self.by_length: list[tuple[int, int, int]] = []
         self._deadlines: list[tuple[int, int]] = []  # (deadline_us, id) of the sequences that have one
 
     def __len__(self) -> int:
-        return len(self._by_arrival)
+        return len(self._by_id)
 
     def add(self, w: Waiting, rank: int) -> None:
-        """`rank` grows with arrival (the batcher uses the sequence id itself)."""
-        self._by_arrival[w.id] = (w, rank)
+        """`rank`: the sequence's place in the queue order (ties: by id)."""
+        self._by_id[w.id] = (w, rank)
+        bisect.insort(self._by_rank, (rank, w.id))
         bisect.insort(self.by_length, (w.length, rank, w.id))
         if w.deadline_us is not None:
             bisect.insort(self._deadlines, (w.deadline_us, w.id))
 
     def remove(self, seq_id: int) -> Waiting | None:
-        got = self._by_arrival.pop(seq_id, None)
+        got = self._by_id.pop(seq_id, None)
         if got is None:
             return None
         w, rank = got
+        del self._by_rank[bisect.bisect_left(self._by_rank, (rank, seq_id))]
         del self.by_length[bisect.bisect_left(self.by_length, (w.length, rank, seq_id))]
         if w.deadline_us is not None:
             del self._deadlines[bisect.bisect_left(self._deadlines, (w.deadline_us, seq_id))]
         return w
 
     def get(self, seq_id: int) -> Waiting:
-        return self._by_arrival[seq_id][0]
+        return self._by_id[seq_id][0]
 
     def oldest(self) -> Waiting:
-        return next(iter(self._by_arrival.values()))[0]
+        """The first in queue order (the lowest rank)."""
+        return self._by_id[self._by_rank[0][1]][0]
+
+    def first_rank(self) -> int:
+        """The lowest rank queued (the index must not be empty)."""
+        return self._by_rank[0][0]
 
     def in_arrival(self):
-        return (w for w, _ in self._by_arrival.values())
+        """In queue order."""
+        return (self._by_id[seq_id][0] for _, seq_id in self._by_rank)
 
     def position(self, w: Waiting) -> int:
         """Where `w` sits in `by_length`."""
-        return bisect.bisect_left(self.by_length, (w.length, self._by_arrival[w.id][1], w.id))
+        return bisect.bisect_left(self.by_length, (w.length, self._by_id[w.id][1], w.id))
 
     def rank(self, seq_id: int) -> int:
-        return self._by_arrival[seq_id][1]
+        return self._by_id[seq_id][1]
 
     def expired(self, now_us: int) -> list[int]:
         """Ids whose deadline is at or before `now_us`, soonest first (ties: id); they stay until removed."""
@@ -162,7 +174,7 @@ def plan_live(index: QueueIndex, now_us: int, cfg: PlannerConfig, cost: CostTabl
     oldest = index.oldest()
     due_us = oldest.arrival_us + cfg.max_queue_delay_us
     if full or _closed(chosen, cfg) or now_us >= due_us or _alone(arrivals_per_s, due_us - now_us):
-        decision.batch = [w.id for w in sorted(chosen, key=lambda w: index.rank(w.id))]
+        decision.batch = [w.id for w in sorted(chosen, key=lambda w: (index.rank(w.id), w.id))]
     else:
         decision.wait_us = due_us - now_us
     return decision
