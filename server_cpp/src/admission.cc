@@ -1,5 +1,6 @@
 #include "admission.h"
 
+#include <algorithm>
 #include <string>
 
 namespace rmscore {
@@ -10,12 +11,43 @@ void QueueWork::Observe(double batch_us, int64_t tokens) {
   us_per_token_ = us_per_token_ == 0 ? rate : us_per_token_ + kAlpha * (rate - us_per_token_);
 }
 
+void QueueWork::Add(int64_t tokens, const std::string& caller) {
+  tokens_ += tokens;
+  by_caller_[caller] += tokens;
+}
+
+void QueueWork::Remove(int64_t tokens, const std::string& caller) {
+  tokens_ -= tokens;
+  auto it = by_caller_.find(caller);
+  if (it == by_caller_.end()) return;
+  it->second -= tokens;
+  if (it->second <= 0) by_caller_.erase(it);
+}
+
+int64_t QueueWork::Queued(const std::string& caller) const {
+  auto it = by_caller_.find(caller);
+  return it == by_caller_.end() ? 0 : it->second;
+}
+
+int64_t QueueWork::Ahead(const std::string& caller) const {
+  const int64_t own = Queued(caller);
+  int64_t ahead = running_ + own;
+  for (const auto& [c, t] : by_caller_) {
+    if (c != caller) ahead += std::min(t, own);
+  }
+  return ahead;
+}
+
 int64_t QueueWork::WaitUs() const {
   return int64_t(double(tokens_ + running_) * us_per_token_ / double(workers_));
 }
 
-grpc::Status QueueWork::Refusal(int64_t now_us, std::optional<int64_t> deadline_us) const {
-  const int64_t wait = WaitUs();
+int64_t QueueWork::WaitUs(const std::string& caller) const {
+  return int64_t(double(Ahead(caller)) * us_per_token_ / double(workers_));
+}
+
+grpc::Status QueueWork::Refusal(int64_t now_us, std::optional<int64_t> deadline_us, const std::string& caller) const {
+  const int64_t wait = WaitUs(caller);
   if (wait <= 0) return grpc::Status::OK;
   if (max_wait_us_ > 0 && wait > max_wait_us_) {
     return {grpc::StatusCode::RESOURCE_EXHAUSTED, "queue full: about " + std::to_string(wait / 1000) +

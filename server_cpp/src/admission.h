@@ -9,6 +9,15 @@
 // exponential average over every batch run), shared among the model workers. Refused at once: RESOURCE_EXHAUSTED past max_wait_us (0: no
 // bound), DEADLINE_EXCEEDED past the time its deadline leaves. An idle server
 // accepts any valid request: only the work ahead counts.
+//
+// Callers are served in turn (issue 29, defect 4): a caller is a connection (the
+// call's peer), every call and stream on it included, and the batcher orders the
+// queue by each caller's own work (batcher.h, "fair order"). So the work ahead of
+// a new request is its caller's share: the batches running, the caller's own
+// queued tokens, and of each other caller at most as many (their turns come
+// between its own). A new caller waits for the running batches whatever the
+// others hold; a caller that floods is refused for its own work, alone; a request
+// larger than the bound is fed to the model in its caller's turns.
 #pragma once
 
 #include <grpcpp/support/status.h>
@@ -18,6 +27,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <unordered_map>
 
 namespace rmscore {
 
@@ -29,17 +40,26 @@ class QueueWork {
   QueueWork(int64_t workers, int64_t max_wait_us, double seed_us_per_token = 0)
       : workers_(workers < 1 ? 1 : workers), max_wait_us_(max_wait_us), us_per_token_(seed_us_per_token) {}
 
-  void Add(int64_t tokens) { tokens_ += tokens; }
-  void Remove(int64_t tokens) { tokens_ -= tokens; }
+  void Add(int64_t tokens, const std::string& caller = "");
+  void Remove(int64_t tokens, const std::string& caller = "");
+  // Real tokens `caller` has queued.
+  int64_t Queued(const std::string& caller) const;
+  // Real tokens that run before a new request of `caller` starts, callers served in turn: the batches
+  // running, the caller's own queued tokens, and of every other caller at most as many.
+  int64_t Ahead(const std::string& caller) const;
+  // Callers with tokens queued.
+  size_t callers() const { return by_caller_.size(); }
   // A batch of `tokens` real tokens left the queue (Removed already) for a worker; it ended.
   void BatchStarted(int64_t tokens) { running_ += tokens; }
   void BatchEnded(int64_t tokens) { running_ -= tokens; }
   // A batch holding `tokens` real tokens ran in `batch_us` (the first observation sets the rate).
   void Observe(double batch_us, int64_t tokens);
-  // Expected model time, per worker, of what is queued or running: what a request arriving now waits.
+  // Expected model time, per worker, of all that is queued or running (the gauge).
   int64_t WaitUs() const;
-  // Why a request arriving at `now_us` (deadline on the same clock) is refused, or OK.
-  grpc::Status Refusal(int64_t now_us, std::optional<int64_t> deadline_us) const;
+  // Expected model time, per worker, of what a new request of `caller` waits for (Ahead).
+  int64_t WaitUs(const std::string& caller) const;
+  // Why a request of `caller` arriving at `now_us` (deadline on the same clock) is refused, or OK.
+  grpc::Status Refusal(int64_t now_us, std::optional<int64_t> deadline_us, const std::string& caller = "") const;
 
   int64_t tokens() const { return tokens_; }
   double us_per_token() const { return us_per_token_; }
@@ -50,6 +70,7 @@ class QueueWork {
   int64_t tokens_ = 0;         // real tokens of the sequences in the queue
   int64_t running_ = 0;        // real tokens of the batches the workers are running
   double us_per_token_ = 0;    // 0 until seeded or observed: nothing is refused by work before
+  std::unordered_map<std::string, int64_t> by_caller_;  // real tokens queued, per caller that has any
 };
 
 // What an accepted request is counted as holding (--max-queued-request-bytes): 8 bytes per token id

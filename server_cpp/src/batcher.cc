@@ -1,5 +1,6 @@
 #include "batcher.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <unordered_set>
 
@@ -16,8 +17,12 @@ const grpc::Status& Draining() {
 }  // namespace
 
 Job::Job(std::vector<SeqView> seqs, std::optional<Clock::time_point> deadline, std::shared_ptr<const void> keepalive,
-         Done done)
-    : seqs_(std::move(seqs)), deadline_(deadline), keepalive_(std::move(keepalive)), done_(std::move(done)) {}
+         Done done, std::string caller)
+    : seqs_(std::move(seqs)),
+      deadline_(deadline),
+      keepalive_(std::move(keepalive)),
+      done_(std::move(done)),
+      caller_(std::move(caller)) {}
 
 Batcher::Batcher(const Options& opts, std::vector<BatchModel> models, Metrics* metrics, std::function<void()> abort,
                  BatchModel lone)
@@ -47,7 +52,7 @@ grpc::Status Batcher::Submit(const std::shared_ptr<Job>& job) {
       job->deadline_us_ = std::chrono::duration_cast<std::chrono::microseconds>(*job->deadline_ - epoch_).count();
     }
     grpc::Status refused = RefusalLocked(int64_t(job->seqs_.size()));
-    if (refused.ok()) refused = work_.Refusal(arrival, job->deadline_us_);
+    if (refused.ok()) refused = work_.Refusal(arrival, job->deadline_us_, job->caller_);
     if (!refused.ok()) {
       job->finished_ = true;  // never answered: a later Cancel does nothing
       job->error_ = refused;
@@ -59,10 +64,20 @@ grpc::Status Batcher::Submit(const std::shared_ptr<Job>& job) {
     job->remaining_ = job->seqs_.size();
     job->first_seq_id_ = next_seq_id_;
     arrivals_.Add(int64_t(job->seqs_.size()), arrival);
+    // The head: the last rank taken into a batch, or the first queued when that is lower.
+    const int64_t head = index_.size() ? std::min(index_.FirstRank(), last_rank_) : last_rank_;
+    auto turn = turn_end_.find(job->caller_);
+    int64_t rank = turn == turn_end_.end() ? head : std::max(head, turn->second);
     for (size_t i = 0; i < job->seqs_.size(); ++i) {
-      index_.Add(Waiting{next_seq_id_, arrival, job->seqs_[i].length, job->deadline_us_}, int64_t(next_seq_id_));
+      index_.Add(Waiting{next_seq_id_, arrival, job->seqs_[i].length, job->deadline_us_}, rank);
       queue_.emplace(next_seq_id_++, Queued{job, i, arrival});
-      work_.Add(job->seqs_[i].length);
+      work_.Add(job->seqs_[i].length, job->caller_);
+      rank += job->seqs_[i].length;
+    }
+    turn_end_[job->caller_] = rank;
+    if (turn_end_.size() > 64 + 2 * work_.callers()) {
+      // Callers whose turns end at or before the head start there anyway: forget them.
+      for (auto it = turn_end_.begin(); it != turn_end_.end();) it = it->second <= head ? turn_end_.erase(it) : ++it;
     }
     ++in_flight_;
     QueueChangedLocked();
@@ -73,12 +88,12 @@ grpc::Status Batcher::Submit(const std::shared_ptr<Job>& job) {
   return grpc::Status::OK;
 }
 
-grpc::Status Batcher::WorkRefusal(std::optional<Clock::time_point> deadline) {
+grpc::Status Batcher::WorkRefusal(std::optional<Clock::time_point> deadline, const std::string& caller) {
   std::lock_guard<std::mutex> lk(mu_);
   if (!accepting_) return Draining();
   std::optional<int64_t> deadline_us;
   if (deadline) deadline_us = std::chrono::duration_cast<std::chrono::microseconds>(*deadline - epoch_).count();
-  return work_.Refusal(NowUs(), deadline_us);
+  return work_.Refusal(NowUs(), deadline_us, caller);
 }
 
 // Precondition: mu_ held. Why a job of `n` sequences cannot be accepted now (OK when it can): overload
@@ -190,10 +205,11 @@ Batcher::Batch Batcher::TakeBatchLocked(const std::vector<uint64_t>& ids, int64_
     auto it = queue_.find(id);
     views.push_back(it->second.job->seqs_[it->second.index]);
     metrics_->QueueWait(double(now_us - it->second.arrival_us) / 1e6);
+    last_rank_ = std::max(last_rank_, index_.Rank(id));
+    work_.Remove(views.back().length, it->second.job->caller_);
     b.seqs.push_back(std::move(it->second));
     queue_.erase(it);
     index_.Remove(id);
-    work_.Remove(views.back().length);
   }
   b.packed = Pack(views, opts_.pad_token_id);
   work_.BatchStarted(b.packed.real_tokens);  // work ahead of new arrivals until it ends (admission.h)
@@ -286,7 +302,8 @@ void Batcher::FailLocked(std::shared_ptr<Job> job, const grpc::Status& why, cons
 bool Batcher::RemoveLocked(uint64_t id) {
   auto it = queue_.find(id);
   if (it == queue_.end()) return false;
-  work_.Remove(it->second.job->seqs_[it->second.index].length);
+  last_rank_ = std::max(last_rank_, index_.Rank(id));
+  work_.Remove(it->second.job->seqs_[it->second.index].length, it->second.job->caller_);
   queue_.erase(it);
   index_.Remove(id);
   return true;

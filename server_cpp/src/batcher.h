@@ -11,6 +11,20 @@
 // is this file in Python, with the same names and the same steps
 // (docs/batching.md, "Structure").
 //
+// Fair order (issue 29, defect 4): the queue is ordered by callers' turns, not
+// by arrival. Each sequence gets a rank, its caller's own work so far (start-time
+// fair queueing over real tokens): a caller's next sequence ranks where its
+// previous one ended, or at the head of the queue when that is later (the head:
+// the rank last taken into a batch, or the lowest queued when that is lower). A
+// caller whose work has all been taken thus starts at the head, before every
+// sequence queued there. The planner builds every batch around the lowest rank
+// (planner.h QueueIndex), so callers with work queued take turns, a token of work
+// each, and a new caller's first sequence runs in the next batch or two whatever
+// the others hold: a request larger than the work bound is fed to the model in
+// its caller's turns, behind other callers' sequences. With one caller the order
+// is arrival order. Admission computes the same turns (admission.h
+// QueueWork::Ahead). A caller is a connection (the call's peer).
+//
 // Locking: everything shared lives under `mu_`. It is held to admit, plan,
 // take and pack a batch, and to mark requests finished; never across the
 // model run or an answer's callback. Any thread holding it may remove
@@ -26,6 +40,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <unordered_map>
 #include <thread>
 #include <vector>
 
@@ -54,8 +70,9 @@ struct Result {
 class Job {
  public:
   using Done = std::function<void(Result&&)>;
+  // `caller`: whose turns its sequences take (the call's connection, ctx->peer()).
   Job(std::vector<SeqView> seqs, std::optional<Clock::time_point> deadline, std::shared_ptr<const void> keepalive,
-      Done done);
+      Done done, std::string caller = "");
 
  private:
   friend class Batcher;
@@ -63,6 +80,7 @@ class Job {
   const std::optional<Clock::time_point> deadline_;
   const std::shared_ptr<const void> keepalive_;
   const Done done_;  // runs exactly once, never under mu_; must not block
+  const std::string caller_;
   // Guarded by Batcher::mu_; set by Submit.
   bool accepted_ = false;
   Clock::time_point accepted_at_;
@@ -114,7 +132,8 @@ class Batcher {
   // Why any job with this deadline would be refused by the work ahead now (OK when it would not):
   // the check a call makes before validating, so a refusal under a work flood costs no checking of
   // ids. Submit checks again, with the job's size. Python's Batcher.work_refusal.
-  grpc::Status WorkRefusal(std::optional<Clock::time_point> deadline);
+  // `caller`: the call's connection; the work ahead is its share (admission.h).
+  grpc::Status WorkRefusal(std::optional<Clock::time_point> deadline, const std::string& caller = "");
   // The caller gave up (client cancelled): the job is answered CANCELLED now,
   // on the calling thread, and its queued sequences are dropped.
   void Cancel(const std::shared_ptr<Job>& job);
@@ -173,6 +192,10 @@ class Batcher {
   ArrivalRate arrivals_;  // the planner waits for partners only when some are expected
   QueueWork work_;                    // the queue's tokens and their model time
   uint64_t next_seq_id_ = 1;
+  // Fair order: the rank after each caller's last sequence (its next one starts there, or at the head
+  // when that is later), and the last rank taken into a batch (the head of an empty queue).
+  std::unordered_map<std::string, int64_t> turn_end_;
+  int64_t last_rank_ = 0;
   size_t in_flight_ = 0;  // accepted, callback not yet run
   int running_ = 0;       // batches taken and not yet recorded: a lone one is chosen when this is 0
   bool accepting_ = true, stopping_ = false;

@@ -24,7 +24,7 @@ namespace {
 class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   StreamCall(RewardModelService* svc, grpc::CallbackServerContext* ctx)
-      : svc_(svc), deadline_(SteadyDeadline(*ctx)), window_(size_t(svc->stream_window())) {
+      : svc_(svc), deadline_(SteadyDeadline(*ctx)), caller_(ctx->peer()), window_(size_t(svc->stream_window())) {
     StartRead(&incoming_);
   }
 
@@ -103,7 +103,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
 
  private:
   void Handle(const std::shared_ptr<v1::ScoreStreamRequest>& item, Clock::time_point start) {
-    grpc::Status s = svc_->AdmissionStatus(deadline_);
+    grpc::Status s = svc_->AdmissionStatus(deadline_, caller_);
     // The item's bytes count until its job and answer callback, which hold it, are gone.
     std::shared_ptr<HeldBytes::Lease> held;
     if (s.ok()) s = svc_->held_bytes()->Acquire(RequestBytes(item->sequence().tokens().ids_size()), &held);
@@ -112,7 +112,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     if (s.ok()) {
       auto job = std::make_shared<Job>(
           std::vector<SeqView>{view}, deadline_, item,
-          [this, item, start, held](Result&& r) { Scored(*item, start, std::move(r)); });
+          [this, item, start, held](Result&& r) { Scored(*item, start, std::move(r)); }, caller_);
       {
         std::lock_guard<std::mutex> lk(mu_);
         outstanding_.emplace(item.get(), job);
@@ -232,6 +232,8 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
 
   RewardModelService* const svc_;
   const std::optional<Clock::time_point> deadline_;
+  // A stream is its connection's caller, as its calls are: its items take that caller's turns (batcher.h).
+  const std::string caller_;
   const size_t window_;  // the most items read and not yet answered on the wire
   grpc::ByteBuffer incoming_;
 

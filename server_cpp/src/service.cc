@@ -32,7 +32,9 @@ class ScoreCall final : public grpc::ServerUnaryReactor {
     grpc::ByteBuffer request_bytes(*bytes);
     // Whether the bytes parse comes first, as in the Python servers: readiness cannot mend them.
     grpc::Status s = ParseRequest(&request_bytes, &req_);
-    if (s.ok()) s = svc_->AdmissionStatus(SteadyDeadline(*ctx));
+    // The caller is the connection: its calls and streams take one caller's turns (batcher.h).
+    const std::string caller = ctx->peer();
+    if (s.ok()) s = svc_->AdmissionStatus(SteadyDeadline(*ctx), caller);
     // Its bytes count until this call is deleted (OnDone), which frees req_ (docs/contract.md's order).
     if (s.ok()) s = svc_->held_bytes()->Acquire(RequestBytes(IdCount(req_)), &held_);
     std::vector<SeqView> views;
@@ -40,7 +42,7 @@ class ScoreCall final : public grpc::ServerUnaryReactor {
     if (s.ok()) {
       // The views point into req_, which lives until OnDone, after Finish.
       job_ = std::make_shared<Job>(std::move(views), SteadyDeadline(*ctx), nullptr,
-                                   [this](Result&& r) { Scored(std::move(r)); });
+                                   [this](Result&& r) { Scored(std::move(r)); }, caller);
       s = svc_->batcher()->Submit(job_);
     }
     if (!s.ok()) Answer(s);
@@ -234,9 +236,10 @@ grpc::Status RewardModelService::ReadyStatus() const {
   }
 }
 
-grpc::Status RewardModelService::AdmissionStatus(std::optional<Clock::time_point> deadline) const {
+grpc::Status RewardModelService::AdmissionStatus(std::optional<Clock::time_point> deadline,
+                                                 const std::string& caller) const {
   grpc::Status s = ReadyStatus();
-  return s.ok() ? batcher()->WorkRefusal(deadline) : s;
+  return s.ok() ? batcher()->WorkRefusal(deadline, caller) : s;
 }
 
 grpc::ServerUnaryReactor* RewardModelService::Score(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,

@@ -53,9 +53,11 @@ class RewardModelService final : public RewardModelBase {
 
   // Used by the reactors (service.cc).
   grpc::Status ReadyStatus() const;
-  // ReadyStatus, then the batcher's WorkRefusal: what a call gets before its sequences are read
-  // (validation errors come second on a loaded server, as in Python's check_admission).
-  grpc::Status AdmissionStatus(std::optional<Clock::time_point> deadline) const;
+  // ReadyStatus, then the batcher's WorkRefusal for `caller` (the call's connection, ctx->peer(): every
+  // call and stream on it is one caller, served in turn with the others; admission.h): what a call gets
+  // before its sequences are read (validation errors come second on a loaded server, as in Python's
+  // check_admission).
+  grpc::Status AdmissionStatus(std::optional<Clock::time_point> deadline, const std::string& caller) const;
   Batcher* batcher() const { return batcher_.load(); }
   Metrics* metrics() const { return metrics_; }
   const Limits& limits() const { return limits_; }

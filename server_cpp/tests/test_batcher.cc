@@ -154,7 +154,8 @@ struct Submitted {
 };
 
 std::unique_ptr<Submitted> NewJob(std::vector<std::vector<int64_t>> ids,
-                                  std::optional<Clock::time_point> deadline = std::nullopt) {
+                                  std::optional<Clock::time_point> deadline = std::nullopt,
+                                  const std::string& caller = "") {
   auto s = std::make_unique<Submitted>();
   s->ids = std::move(ids);
   std::vector<SeqView> views;
@@ -163,13 +164,14 @@ std::unique_ptr<Submitted> NewJob(std::vector<std::vector<int64_t>> ids,
   auto calls = s->calls;
   s->job = std::make_shared<Job>(std::move(views), deadline, nullptr, [promise, calls](Result&& r) {
     if (calls->fetch_add(1) == 0) promise->set_value(std::move(r));
-  });
+  }, caller);
   return s;
 }
 
 std::unique_ptr<Submitted> Submit(Batcher& b, std::vector<std::vector<int64_t>> ids,
-                                  std::optional<Clock::time_point> deadline = std::nullopt) {
-  auto s = NewJob(std::move(ids), deadline);
+                                  std::optional<Clock::time_point> deadline = std::nullopt,
+                                  const std::string& caller = "") {
+  auto s = NewJob(std::move(ids), deadline, caller);
   s->admitted = b.Submit(s->job);
   return s;
 }
@@ -583,6 +585,108 @@ TEST(Batcher, LoneRunsDoNotRefineTheCostTable) {
   h.batcher->Stop();
   EXPECT_EQ(h.LoneBatches(), (Batches{{1}, {2}, {3}}));
   EXPECT_EQ(cost->observed(), 0);
+}
+
+// ---- Fair shares (issue 29, defect 4): tests/unit/test_caller_turns.py holds the same cases. ----
+
+std::unique_ptr<Submitted> SubmitAs(Harness& h, const std::string& caller, std::vector<std::vector<int64_t>> ids,
+                                    std::optional<Clock::time_point> deadline = std::nullopt) {
+  return Submit(*h.batcher, std::move(ids), deadline, caller);
+}
+
+TEST(FairShare, ANewCallerRunsNextWhateverAFloodingCallerHasQueued) {
+  Harness h(/*max_batch_size=*/1);
+  h.gated = true;
+  std::vector<std::unique_ptr<Submitted>> flood;
+  for (int64_t i = 1; i <= 6; ++i) flood.push_back(SubmitAs(h, "a", {std::vector<int64_t>(8, i)}));
+  ASSERT_TRUE(h.gate.WaitEntered(1));  // 1 runs, 2..6 wait
+  auto probe = SubmitAs(h, "b", {std::vector<int64_t>(8, 50)});
+  h.gate.Open();
+  EXPECT_EQ(Get(*probe).scores, std::vector<float>{50008});
+  for (int64_t i = 1; i <= 6; ++i) EXPECT_EQ(Get(*flood[size_t(i - 1)]).scores, std::vector<float>{float(i * 1000 + 8)});
+  // The probe ran right after the batch that was running, before the flood's queue.
+  EXPECT_EQ(h.Batches(), (Batches{{1}, {50}, {2}, {3}, {4}, {5}, {6}}));
+}
+
+TEST(FairShare, CallersWithWorkQueuedTakeTurnsByTokens) {
+  Harness h(/*max_batch_size=*/1);
+  h.gated = true;
+  auto first = SubmitAs(h, "a", {std::vector<int64_t>(10, 1)});
+  ASSERT_TRUE(h.gate.WaitEntered(1));
+  auto a = SubmitAs(h, "a", {std::vector<int64_t>(10, 2), std::vector<int64_t>(10, 3), std::vector<int64_t>(10, 4),
+                             std::vector<int64_t>(10, 5)});
+  auto b = SubmitAs(h, "b", {std::vector<int64_t>(20, 20), std::vector<int64_t>(20, 21)});  // one of b's to two of a's
+  h.gate.Open();
+  Get(*first), Get(*a), Get(*b);
+  EXPECT_EQ(h.Batches(), (Batches{{1}, {20}, {2}, {3}, {21}, {4}, {5}}));
+}
+
+TEST(FairShare, OneCallerKeepsArrivalOrder) {
+  Harness h(/*max_batch_size=*/1);
+  h.gated = true;
+  std::vector<std::unique_ptr<Submitted>> jobs;
+  for (int64_t i = 1; i <= 5; ++i) jobs.push_back(SubmitAs(h, "a", {std::vector<int64_t>(size_t(40 - i), i)}));
+  ASSERT_TRUE(h.gate.WaitEntered(1));
+  h.gate.Open();
+  for (auto& j : jobs) Get(*j);
+  EXPECT_EQ(h.Batches(), (Batches{{1}, {2}, {3}, {4}, {5}}));
+}
+
+TEST(FairShare, AFloodingCallerIsRefusedForItsOwnWorkWhileAnotherIsAccepted) {
+  // 100 us per token, a 1 s bound: the work each caller would wait for is known exactly.
+  Harness h(/*max_batch_size=*/1, /*delay_us=*/0, /*max_queue=*/4096, nullptr, /*workers=*/1,
+            /*max_wait_us=*/1'000'000, /*seed=*/100.0);
+  h.gated = true;
+  auto running = SubmitAs(h, "a", {std::vector<int64_t>(10, 1)});
+  ASSERT_TRUE(h.gate.WaitEntered(1));  // 1 ms running
+  auto held = SubmitAs(h, "a", {std::vector<int64_t>(12000, 2)});  // 1.2 s of a's own work queued
+  EXPECT_TRUE(held->admitted.ok());  // only the work ahead counted when it came: 1 ms
+  auto more = SubmitAs(h, "a", {{3}});
+  EXPECT_EQ(more->admitted.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(more->admitted.error_message(),
+            "queue full: about 1201 ms of model work waiting exceeds max_queue_wait_seconds (1000 ms)");
+  EXPECT_EQ(h.batcher->WorkRefusal(std::nullopt, "a").error_message(), more->admitted.error_message());
+  // Another caller waits for the batch running only: accepted, even with a deadline of 0.1 s.
+  EXPECT_TRUE(h.batcher->WorkRefusal(Clock::now() + 100ms, "b").ok());
+  auto probe = SubmitAs(h, "b", {std::vector<int64_t>(5, 4)}, Clock::now() + 100ms);
+  EXPECT_TRUE(probe->admitted.ok()) << probe->admitted.error_message();
+  // The gauge still reads all the work queued and running.
+  EXPECT_EQ(h.Read("rmscore_queue_expected_wait_seconds"), 1.2015);
+  h.gate.Open();
+  EXPECT_EQ(Get(*running).scores, std::vector<float>{1010});
+  EXPECT_EQ(Get(*probe).scores, std::vector<float>{4005});
+  EXPECT_EQ(Get(*held).scores, std::vector<float>{14000});
+  EXPECT_EQ(h.Batches(), (Batches{{1}, {4}, {2}}));
+}
+
+TEST(FairShare, QueueWorkAheadCountsEachOtherCallerUpToTheCallersOwn) {
+  QueueWork w(/*workers=*/2, /*max_wait_us=*/0, /*seed_us_per_token=*/10.0);
+  w.Add(1000, "a");
+  w.Add(300, "b");
+  w.BatchStarted(100);
+  EXPECT_EQ(w.Ahead("new"), 100);
+  EXPECT_EQ(w.Ahead("b"), 100 + 300 + 300);  // its own, and as much of a's
+  EXPECT_EQ(w.Ahead("a"), 100 + 1000 + 300);
+  EXPECT_EQ(w.WaitUs("b"), 700 * 10 / 2);
+  EXPECT_EQ(w.WaitUs(), 1400 * 10 / 2);  // no caller: everything (the gauge)
+  w.Remove(300, "b");
+  EXPECT_EQ(w.Queued("b"), 0);
+  EXPECT_EQ(w.callers(), 1u);
+}
+
+TEST(FairShare, QueueIndexOrdersByRankThenId) {
+  QueueIndex index;
+  index.Add(Waiting{1, 0, 8, std::nullopt}, 10);
+  index.Add(Waiting{2, 0, 8, std::nullopt}, 20);
+  index.Add(Waiting{3, 5, 8, std::nullopt}, 10);  // a later arrival ranked with the head: after it, before 2
+  index.Add(Waiting{4, 6, 8, std::nullopt}, 0);
+  std::vector<uint64_t> order;
+  for (const auto& [key, id] : index.by_arrival()) order.push_back(id);
+  EXPECT_EQ(order, (std::vector<uint64_t>{4, 1, 3, 2}));
+  EXPECT_EQ(index.Oldest().id, 4u);
+  EXPECT_EQ(index.FirstRank(), 0);
+  index.Remove(4);
+  EXPECT_EQ(index.Oldest().id, 1u);
 }
 
 }  // namespace

@@ -16,16 +16,30 @@ A request is refused at once:
 - DEADLINE_EXCEEDED (`deadline exceeded before scoring: ...`) when it exceeds the time its deadline
   leaves: it would expire in the queue anyway, after holding its caller for nothing.
 
-Only the work ahead counts, never the request's own: an idle server accepts any valid request (the
-sequence limits still apply). server_cpp/src/admission.{h,cc} is this file in C++, same rule and
+Callers are served in turn (issue 29, defect 4): a caller is a connection (`CALLER`, which the front
+ends set: gRPC's peer, HTTP's client address), every call and stream on it included, and the batcher
+orders the queue by each caller's own work (batcher.py, "fair order"). So the work ahead of a new
+request is not the whole queue but its share of it: the batches running, the caller's own queued
+tokens, and of each other caller as many tokens as the caller has queued itself (their turns come
+between its own). A new caller's wait is the running batches whatever the others hold, and a caller
+that floods waits behind its own work and is refused for it, alone. Only the work ahead counts,
+never the request's own: an idle server accepts any valid request (the sequence limits still apply),
+and a request larger than the bound is fed to the model a sequence at a time in its turns, behind
+other callers' work. server_cpp/src/admission.{h,cc} is this file in C++, same rule and
 messages; contract/batching_vectors.json's "admission" cases hold both to it.
 """
 
 from __future__ import annotations
 
+import contextvars
 import threading
 
 from rmscore.core.errors import Code, ScoreError
+
+#: Who a request comes from, for the shares: its connection (gRPC `context.peer()`, HTTP `host:port` of
+#: `scope["client"]`), set by the front end for the call's task (tasks and threads it starts inherit it).
+#: Every call and stream on one connection is one caller. "" (unset): one anonymous caller.
+CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("rmscore_caller", default="")
 
 
 class QueueWork:
@@ -41,12 +55,29 @@ class QueueWork:
         self.tokens = 0  # real tokens of the sequences in the queue
         self.running = 0  # real tokens of the batches the workers are running
         self.us_per_token = seed_us_per_token  # 0 until seeded or observed: nothing is refused by work before
+        self.by_caller: dict[str, int] = {}  # real tokens queued, per caller that has any
 
-    def add(self, tokens: int) -> None:
+    def add(self, tokens: int, caller: str = "") -> None:
         self.tokens += tokens
+        self.by_caller[caller] = self.by_caller.get(caller, 0) + tokens
 
-    def remove(self, tokens: int) -> None:
+    def remove(self, tokens: int, caller: str = "") -> None:
         self.tokens -= tokens
+        left = self.by_caller.get(caller, 0) - tokens
+        if left > 0:
+            self.by_caller[caller] = left
+        else:
+            self.by_caller.pop(caller, None)
+
+    def queued(self, caller: str) -> int:
+        """Real tokens `caller` has queued."""
+        return self.by_caller.get(caller, 0)
+
+    def ahead(self, caller: str) -> int:
+        """Real tokens that run before a new request of `caller` starts, callers served in turn: the
+        batches running, the caller's own queued tokens, and of every other caller at most as many."""
+        own = self.by_caller.get(caller, 0)
+        return self.running + own + sum(min(t, own) for c, t in self.by_caller.items() if c != caller)
 
     def batch_started(self, tokens: int) -> None:
         """A batch of `tokens` real tokens left the queue (removed already) for a worker."""
@@ -62,13 +93,16 @@ class QueueWork:
         rate = batch_us / tokens
         self.us_per_token = rate if self.us_per_token == 0 else self.us_per_token + self.ALPHA * (rate - self.us_per_token)
 
-    def wait_us(self) -> int:
-        """Expected model time, per worker, of what is queued or running: what a request arriving now waits."""
-        return int((self.tokens + self.running) * self.us_per_token / self.workers)
+    def wait_us(self, caller: str | None = None) -> int:
+        """Expected model time, per worker, of what a new request of `caller` waits for (`ahead`); None:
+        of all that is queued or running (the gauge)."""
+        tokens = self.tokens + self.running if caller is None else self.ahead(caller)
+        return int(tokens * self.us_per_token / self.workers)
 
-    def refusal(self, now_us: int, deadline_us: int | None) -> ScoreError | None:
-        """Why a request arriving at `now_us` (deadline `deadline_us`, same clock) is refused, or None."""
-        wait = self.wait_us()
+    def refusal(self, now_us: int, deadline_us: int | None, caller: str = "") -> ScoreError | None:
+        """Why a request of `caller` arriving at `now_us` (deadline `deadline_us`, same clock) is refused,
+        or None."""
+        wait = self.wait_us(caller)
         if wait <= 0:
             return None
         if self.max_wait_us > 0 and wait > self.max_wait_us:

@@ -11,6 +11,17 @@ every intra-op thread, so a batch alone gets them all and batches at once get on
 each (runtimes/workers.py). server_cpp/src/batcher.{h,cc} is this file in C++, with
 the same names and the same steps (docs/batching.md, "Structure").
 
+Fair order (issue 29, defect 4): the queue is ordered by callers' turns, not by arrival. Each
+sequence gets a rank, its caller's own work so far (start-time fair queueing over real tokens): a
+caller's next sequence ranks where its previous one ended, or at the head of the queue when that is
+later (the head: the rank last taken into a batch, or the lowest queued when that is lower). A
+caller whose work has all been taken thus starts at the head, before every sequence queued there. The planner builds every batch around the lowest
+rank (planner.QueueIndex), so callers with work queued take turns, a token of work each, and a new
+caller's first sequence runs in the next batch or two whatever the others hold: a request larger
+than the work bound is fed to the model in its caller's turns, behind other callers' sequences.
+With one caller the order is arrival order. Admission computes the same turns (admission.py
+`QueueWork.ahead`). A caller is a connection (admission.CALLER); the front ends set it.
+
 Locking: everything shared lives under `_mu`. It is held to admit, plan, take and
 pack a batch, and to mark requests finished; never across the model run or an
 answer's callback. Any thread holding it may remove sequences from the queue
@@ -64,10 +75,11 @@ class Job:
     under the batcher's lock, and must not block.
     """
 
-    def __init__(self, seqs: list[list[int]], deadline_s: float | None, done: Done):
+    def __init__(self, seqs: list[list[int]], deadline_s: float | None, done: Done, caller: str = ""):
         self.seqs = seqs
         self.deadline_s = deadline_s
         self.done = done
+        self.caller = caller  # whose turns its sequences take (admission.CALLER)
         # Guarded by Batcher._mu; set by submit.
         self.accepted = False
         self.accepted_at = 0.0
@@ -139,6 +151,10 @@ class Batcher:
         # The queue's tokens and their model time.
         self._work = QueueWork(len(models), opts.max_queue_wait_us, opts.seed_us_per_token)
         self._next_seq_id = 1
+        # Fair order: the rank after each caller's last sequence (its next one starts there, or at the
+        # head when that is later), and the last rank taken into a batch (the head of an empty queue).
+        self._turn_end: dict[str, int] = {}
+        self._last_rank = 0
         self._in_flight = 0  # accepted, callback not yet run
         self._running = 0  # batches taken and not yet recorded: a lone one is chosen when this is 0
         self._accepting = True
@@ -159,7 +175,7 @@ class Batcher:
             arrival = _now_us()
             if job.deadline_s is not None:
                 job.deadline_us = int(job.deadline_s * 1e6)
-            refused = self._refusal_locked(len(job.seqs)) or self._work.refusal(arrival, job.deadline_us)
+            refused = self._refusal_locked(len(job.seqs)) or self._work.refusal(arrival, job.deadline_us, job.caller)
             if refused is not None:
                 job.finished, job.error = True, refused  # never answered: a later cancel does nothing
                 raise refused
@@ -167,25 +183,34 @@ class Batcher:
             job.accepted_at = time.monotonic()
             job.first_seq_id = self._next_seq_id
             self._arrivals.add(len(job.seqs), arrival)
+            # The head: the last rank taken into a batch, or the first queued when that is lower.
+            head = min(self._index.first_rank(), self._last_rank) if len(self._index) else self._last_rank
+            rank = max(head, self._turn_end.get(job.caller, head))
             for i, seq in enumerate(job.seqs):
                 self._queue[self._next_seq_id] = _Queued(job, i, arrival)
-                self._index.add(Waiting(self._next_seq_id, arrival, len(seq), job.deadline_us), self._next_seq_id)
-                self._work.add(len(seq))
+                self._index.add(Waiting(self._next_seq_id, arrival, len(seq), job.deadline_us), rank)
+                self._work.add(len(seq), job.caller)
+                rank += len(seq)
                 self._next_seq_id += 1
+            self._turn_end[job.caller] = rank
+            if len(self._turn_end) > 64 + 2 * len(self._work.by_caller):
+                # Callers whose turns end at or before the head start there anyway: forget them.
+                self._turn_end = {c: r for c, r in self._turn_end.items() if r > head}
             self._in_flight += 1
             self._queue_changed_locked()
             self._progress_locked(arrival)
             self._metrics.in_flight(+1)
             self._work_cv.notify()
 
-    def work_refusal(self, deadline_s: float | None) -> ScoreError | None:
-        """Why any request with this deadline (time.monotonic, or None) would be refused by the work
-        ahead now, or None: the check front ends make before decoding and validating a request, which
-        for a 128 x 512-token one costs more than answering it (submit checks again, with its size)."""
+    def work_refusal(self, deadline_s: float | None, caller: str = "") -> ScoreError | None:
+        """Why any request of `caller` with this deadline (time.monotonic, or None) would be refused by
+        the work ahead of it now, or None: the check front ends make before decoding and validating a
+        request, which for a 128 x 512-token one costs more than answering it (submit checks again,
+        with its size)."""
         with self._mu:
             if not self._accepting:
                 return _draining()
-            return self._work.refusal(_now_us(), None if deadline_s is None else int(deadline_s * 1e6))
+            return self._work.refusal(_now_us(), None if deadline_s is None else int(deadline_s * 1e6), caller)
 
     def _refusal_locked(self, n: int) -> ScoreError | None:
         """Precondition: _mu held. Why a job of `n` sequences cannot be accepted now (None when it can):
@@ -386,8 +411,9 @@ class Batcher:
         """Precondition: _mu held. Removes a sequence from the queue (None when it is not there)."""
         q = self._queue.pop(seq_id, None)
         if q is not None:
+            self._last_rank = max(self._last_rank, self._index.rank(seq_id))
             self._index.remove(seq_id)
-            self._work.remove(len(q.job.seqs[q.index]))
+            self._work.remove(len(q.job.seqs[q.index]), q.job.caller)
         return q
 
     def _queue_changed_locked(self) -> None:

@@ -18,7 +18,7 @@ from typing import Awaitable
 
 import numpy as np
 
-from rmscore.core.admission import HeldBytes, request_bytes
+from rmscore.core.admission import CALLER, HeldBytes, request_bytes
 from rmscore.core.batcher import Batcher, Job, Result
 from rmscore.core import cost_profile
 from rmscore.core.config import AUTO_WORKERS, ConfigError, ServeConfig
@@ -238,9 +238,11 @@ class ScoringCore:
         the work ahead (admission.py). Front ends call it before decoding a request, so a refusal under
         a work flood costs no decoding or validation (issue 20: checking the ids of 128 x 512-token
         requests that were then refused took most of the GIL, and a probe waited for it). Validation
-        errors therefore come second on a loaded server, in both languages (docs/contract.md)."""
+        errors therefore come second on a loaded server, in both languages (docs/contract.md). The work
+        ahead is the caller's (admission.CALLER, set by the front end): callers are served in turn, so
+        one that floods is refused for its own work while a new caller's wait is the batches running."""
         self.check_ready()
-        refused = self.batcher.work_refusal(deadline_s)
+        refused = self.batcher.work_refusal(deadline_s, CALLER.get())
         if refused is not None:
             raise refused
 
@@ -324,7 +326,7 @@ class ScoringCore:
         def done(outcome) -> None:
             loop.call_soon_threadsafe(settle, fut, outcome)
 
-        job = Job(seqs, deadline_s, done)
+        job = Job(seqs, deadline_s, done, CALLER.get())  # its sequences take its caller's turns
         self.batcher.submit(job)  # the batcher keeps the in-flight gauge, as in the C++ server
         return self._result(job, fut)
 

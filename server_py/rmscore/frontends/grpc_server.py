@@ -11,6 +11,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from google.protobuf.message import DecodeError
 from prometheus_client import start_http_server
 
+from rmscore.core.admission import CALLER
 from rmscore.core.config import ServeConfig
 from rmscore.core.errors import UNAUTHENTICATED_MESSAGE, Code, ScoreError, bearer_matches
 from rmscore.core.liveness import LIVENESS_SERVICE
@@ -92,6 +93,7 @@ class RewardModelServicer(reward_pb2_grpc.RewardModelServicer):
             self.core.metrics.request(Code.INVALID_ARGUMENT.name, time.perf_counter() - t0)
             await context.abort(Code.INVALID_ARGUMENT.grpc, request.message)
         deadline = _deadline(context)
+        CALLER.set(context.peer())  # this call's task: its connection's turns and share (core/admission.py)
         try:
             # Before the sequences are turned into inputs, so a refusal costs nothing; core.score asks
             # again (a lock and some arithmetic), which keeps the order of checks for every caller.
@@ -114,6 +116,9 @@ class RewardModelServicer(reward_pb2_grpc.RewardModelServicer):
         answers: asyncio.Queue = asyncio.Queue()
         slots = asyncio.Semaphore(self.max_stream_items_in_flight)
         deadline = _deadline(context)
+        # A stream is its connection's caller, as its calls are (core/admission.py): the item tasks
+        # started below inherit it.
+        CALLER.set(context.peer())
         tasks: set[asyncio.Task] = set()
 
         async def one(item: reward_pb2.ScoreStreamRequest) -> None:

@@ -14,6 +14,7 @@ import time
 
 from fastapi.responses import JSONResponse
 
+from rmscore.core.admission import CALLER
 from rmscore.core.config import ServeConfig
 from rmscore.core.errors import UNAUTHENTICATED_MESSAGE, Code, ScoreError, bearer_matches
 from rmscore.core.scoring import ScoringCore
@@ -128,6 +129,10 @@ class OneFraming:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
+            # Who the request comes from, for the shares (core/admission.py): its connection. uvicorn runs
+            # each request in a task of its own, so this holds for this request and what it starts.
+            client = scope.get("client")
+            CALLER.set(f"{client[0]}:{client[1]}" if client else "")
             names = {k for k, _ in scope.get("headers") or ()}
             if b"content-length" in names and b"transfer-encoding" in names:
                 resp = error_response(Code.INVALID_ARGUMENT, "request has both Content-Length and "

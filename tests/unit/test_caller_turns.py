@@ -1,0 +1,118 @@
+"""Callers served in turn, and admitted by their own share of the work (issue 29, defect 4; docs/contract.md,
+"Shares per caller"): the batcher ranks each sequence by its caller's work so far, so a caller with
+nothing queued goes to the head of the line whatever another caller holds, and admission counts the
+work ahead of *this* caller, so a caller that floods is refused for its own work while others are
+accepted. The stand-in model and its gate are test_batcher.py's. Each case has a namesake in
+server_cpp/tests/test_batcher.cc (FairShare*)."""
+
+from __future__ import annotations
+
+import time
+
+from rmscore.core.admission import QueueWork
+from rmscore.core.errors import Code
+from rmscore.core.planner import QueueIndex, Waiting
+from rmscore.core.batcher import Job
+
+from test_batcher import Harness, Submitted
+
+
+def submit_as(h: Harness, caller: str, ids: list[list[int]], deadline_s: float | None = None) -> Submitted:
+    s = Submitted(ids, deadline_s)
+    s.job = Job(ids, deadline_s, s._done, caller)
+    try:
+        h.batcher.submit(s.job)
+    except Exception as e:  # noqa: BLE001 - the refusal is what the test reads
+        s.admitted = e
+    return s
+
+
+def test_a_new_caller_runs_next_whatever_a_flooding_caller_has_queued():
+    h = Harness(max_batch_size=1)
+    h.gated = True
+    flood = [submit_as(h, "a", [[i] * 8]) for i in range(1, 7)]
+    assert h.gate.wait_entered(1)  # 1 runs, 2..6 wait
+    probe = submit_as(h, "b", [[50] * 8])
+    h.gate.open()
+    assert probe.get().scores == [50008]
+    assert [s.get().scores[0] // 1000 for s in flood] == [1, 2, 3, 4, 5, 6]
+    # The probe ran right after the batch that was running, before the flood's queue.
+    assert h.batches == [[1], [50], [2], [3], [4], [5], [6]]
+    h.batcher.stop()
+
+
+def test_callers_with_work_queued_take_turns_by_tokens():
+    h = Harness(max_batch_size=1)
+    h.gated = True
+    first = submit_as(h, "a", [[1] * 10])
+    assert h.gate.wait_entered(1)
+    a = submit_as(h, "a", [[2] * 10, [3] * 10, [4] * 10, [5] * 10])
+    b = submit_as(h, "b", [[20] * 20, [21] * 20])  # twice as long: one of b's to two of a's
+    h.gate.open()
+    for s in (first, a, b):
+        s.get()
+    assert h.batches == [[1], [20], [2], [3], [21], [4], [5]]
+    h.batcher.stop()
+
+
+def test_one_caller_keeps_arrival_order():
+    h = Harness(max_batch_size=1)
+    h.gated = True
+    jobs = [submit_as(h, "a", [[i] * (40 - i)]) for i in range(1, 6)]
+    assert h.gate.wait_entered(1)
+    h.gate.open()
+    for s in jobs:
+        s.get()
+    assert h.batches == [[1], [2], [3], [4], [5]]
+    h.batcher.stop()
+
+
+def test_a_flooding_caller_is_refused_for_its_own_work_while_another_is_accepted():
+    # 100 us per token, a 1 s bound: the work each caller would wait for is known exactly.
+    h = Harness(max_batch_size=1, max_wait_us=1_000_000, seed=100.0)
+    h.gated = True
+    running = submit_as(h, "a", [[1] * 10])
+    assert h.gate.wait_entered(1)  # 1 ms running
+    held = submit_as(h, "a", [[2] * 12000])  # 1.2 s of a's own work queued: over the bound for a
+    assert held.admitted is None  # only the work ahead counted when it came: 1 ms
+    more = submit_as(h, "a", [[3]])
+    assert more.admitted.code == Code.RESOURCE_EXHAUSTED
+    assert more.admitted.message == ("queue full: about 1201 ms of model work waiting exceeds "
+                                     "max_queue_wait_seconds (1000 ms)")
+    assert h.batcher.work_refusal(None, "a").message == more.admitted.message
+    # Another caller waits for the batch running only: accepted, even with a deadline of 0.1 s.
+    assert h.batcher.work_refusal(time.monotonic() + 0.1, "b") is None
+    probe = submit_as(h, "b", [[4] * 5], time.monotonic() + 0.1)
+    assert probe.admitted is None
+    # The gauge still reads all the work queued and running.
+    assert h.read("rmscore_queue_expected_wait_seconds") == 1.2015
+    h.gate.open()
+    assert [s.get().scores for s in (running, probe, held)] == [[1010], [4005], [14000]]
+    assert h.batches == [[1], [4], [2]]
+    h.batcher.stop()
+
+
+def test_queue_work_ahead_counts_each_other_caller_up_to_the_callers_own():
+    w = QueueWork(workers=2, max_wait_us=0, seed_us_per_token=10.0)
+    w.add(1000, "a")
+    w.add(300, "b")
+    w.batch_started(100)
+    assert w.ahead("new") == 100
+    assert w.ahead("b") == 100 + 300 + 300  # its own, and as much of a's
+    assert w.ahead("a") == 100 + 1000 + 300
+    assert w.wait_us("b") == 700 * 10 // 2
+    assert w.wait_us() == 1400 * 10 // 2  # no caller: everything (the gauge)
+    w.remove(300, "b")
+    assert w.queued("b") == 0 and "b" not in w.by_caller
+
+
+def test_queue_index_orders_by_rank_then_id():
+    index = QueueIndex()
+    index.add(Waiting(1, 0, 8), 10)
+    index.add(Waiting(2, 0, 8), 20)
+    index.add(Waiting(3, 5, 8), 10)  # a later arrival ranked with the head: after it, before 2
+    index.add(Waiting(4, 6, 8), 0)
+    assert [w.id for w in index.in_arrival()] == [4, 1, 3, 2]
+    assert index.oldest().id == 4 and index.first_rank() == 0
+    index.remove(4)
+    assert index.oldest().id == 1
