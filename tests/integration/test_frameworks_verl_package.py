@@ -38,7 +38,7 @@ import time
 
 import pytest
 
-from test_client import GRPC_KINDS, assert_scores, local_tokenizer, ort_scores, shared_server
+from test_client import GRPC_KINDS, HTTP_KIND, assert_scores, local_tokenizer, ort_scores, shared_server
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "frameworks" / "verl.md"
@@ -55,7 +55,8 @@ VERL_REQS = [
     "aiosignal==1.4.0", "frozenlist==1.8.0", "multidict==7.2.1", "propcache==0.5.4", "yarl==1.25.1",
 ]
 SITE = ROOT / ".cache" / f"verl-{VERL_VERSION}"
-HOST = "10.0.0.5:50051"  # the placeholder target in the docs' command lines
+HOST = "10.0.0.5:50051"  # the placeholder targets in the docs' command lines: gRPC, and the FastAPI URL
+HTTP_URL = "http://10.0.0.5:8000"
 POLICY_TOKENIZER = ROOT / "models" / "default" / "hf"  # stands in for the policy model verl decodes with
 
 PROMPTED = [  # (extra_info as verl's GSM8K preprocessing writes it, response)
@@ -105,13 +106,14 @@ def doc_command_lines() -> list[list[str]]:
     return lines
 
 
-def docs_line(with_key: str) -> list[str]:
-    (line,) = [ln for ln in doc_command_lines() if any(a.startswith(with_key) for a in ln)]
+def docs_line(with_arg: str) -> list[str]:
+    """The one documented command line with this argument (the target's placeholder included)."""
+    (line,) = [ln for ln in doc_command_lines() if with_arg in ln]
     return line
 
 
 def with_target(overrides: list[str], target: str) -> list[str]:
-    return [a.replace(HOST, target) for a in overrides]
+    return [a.replace(HTTP_URL, target).replace(HOST, target) for a in overrides]
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +125,9 @@ def target() -> str:
 def verl_run(target, tmp_path_factory):
     """One child process: every run below through verl 0.9.1's own code; what it returned and logged."""
     site = verl_site()
-    rpc_line = docs_line("+reward.custom_reward_function.reward_kwargs.target=")
-    ray_line = docs_line("+ray_kwargs.ray_init.runtime_env.env_vars.RMSCORE_TARGET=")
+    rpc_line = docs_line(f"+reward.custom_reward_function.reward_kwargs.target={HOST}")
+    http_line = docs_line(f"+reward.custom_reward_function.reward_kwargs.target={HTTP_URL}")
+    ray_line = docs_line(f"+ray_kwargs.ray_init.runtime_env.env_vars.RMSCORE_TARGET={HOST}")
     policy = [f"actor_rollout_ref.model.path={POLICY_TOKENIZER}"]
     docs = with_target(rpc_line, target) + policy
     out = tmp_path_factory.mktemp("verl") / "out.json"
@@ -134,6 +137,8 @@ def verl_run(target, tmp_path_factory):
                  + [sample(i, r, "Dahoas/full-hh-rlhf") for i, r in NO_PROMPT]},
         "docs_async": {"overrides": [a.replace("name=compute_score", "name=compute_score_async") for a in docs],
                        "samples": [sample(i, r) for i, r in PROMPTED]},
+        "http": {"overrides": with_target(http_line, shared_server(HTTP_KIND).base_url) + policy,
+                 "samples": [sample(i, r) for i, r in PROMPTED]},
         "prompt_key": {"overrides": docs + ["+reward.custom_reward_function.reward_kwargs.prompt_key=q"],
                        "samples": [sample({"index": 0, "q": PROMPTED[0][0]["question"]}, PROMPTED[0][1])]},
         "refuse": {"overrides": docs + ["+reward.custom_reward_function.reward_kwargs.missing_prompt=error"],
@@ -209,6 +214,10 @@ def test_verl_reward_worker_scores_as_the_server_does(verl_run, target):
 
     run = runs["docs_async"]
     assert run["async"] is True, "verl awaits compute_score_async on its reward loop"
+    assert_scores([o["reward_score"] for o in run["outputs"]], want[:len(PROMPTED)])
+
+    run = runs["http"]
+    assert run["reward"]["reward_kwargs"]["http"] is True and run["reward"]["reward_kwargs"]["target"].startswith("http://")
     assert_scores([o["reward_score"] for o in run["outputs"]], want[:len(PROMPTED)])
 
     run = runs["prompt_key"]
