@@ -22,7 +22,7 @@ from rmscore.core.errors import Code, ScoreError
 from rmscore.core.liveness import now_us
 from rmscore.core.scoring import SERVING, ScoringCore
 from rmscore.frontends import http_middleware, json_body, openrlhf, reward_text, vllm_api
-from rmscore.frontends.http_errors import VLLM_PATHS, error_response, refusal, vllm_error_response
+from rmscore.frontends.http_errors import error_response, is_vllm, refusal, vllm_error_response
 from rmscore.frontends.http_models import ScoreIn, ScoreOut
 from rmscore.frontends.model_info import model_info
 
@@ -61,7 +61,7 @@ def _error_handlers(app: FastAPI, core: ScoringCore) -> None:
         else:
             where = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
             message = f"{where}: {first['msg']}"
-        if request.url.path in VLLM_PATHS:  # vLLM's validation handler: 400 "Bad Request", the field as param
+        if is_vllm(request):  # vLLM's validation handler: 400 "Bad Request", the field as param
             return vllm_error_response(Code.INVALID_ARGUMENT, message, param=where, type_="Bad Request")
         return error_response(Code.INVALID_ARGUMENT, message)
 
@@ -76,7 +76,7 @@ def _error_handlers(app: FastAPI, core: ScoringCore) -> None:
         cause = exc.__cause__
         reason = ("not UTF-8 text" if isinstance(cause, UnicodeDecodeError) else
                   "nested too deeply" if isinstance(cause, RecursionError) else exc.detail)
-        if request.url.path in VLLM_PATHS:
+        if is_vllm(request):
             return vllm_error_response(Code.INVALID_ARGUMENT, f"body: malformed JSON: {reason}", param="body",
                                        type_="Bad Request")
         return error_response(Code.INVALID_ARGUMENT, f"body: malformed JSON: {reason}")

@@ -18,7 +18,7 @@ from rmscore.core.admission import CALLER
 from rmscore.core.config import ServeConfig
 from rmscore.core.errors import UNAUTHENTICATED_MESSAGE, Code, ScoreError, bearer_matches
 from rmscore.core.scoring import ScoringCore
-from rmscore.frontends.http_errors import VLLM_PATHS, error_response, refusal
+from rmscore.frontends.http_errors import error_response, refusal, routes
 
 
 def wrap(app, cfg: ServeConfig, core: ScoringCore):
@@ -29,22 +29,16 @@ def wrap(app, cfg: ServeConfig, core: ScoringCore):
     bytes of the receiving budget and is never read. CancelOnDisconnect innermost, right around the
     handler it cancels."""
     asgi = BodyBudget(CancelOnDisconnect(app), cfg.body_timeout_seconds, cfg.max_buffered_request_bytes, core)
-    asgi = RefuseBeforeBody(asgi, core)
+    asgi = RefuseBeforeBody(asgi, core, routes(app))
     asgi = LimitBody(asgi, cfg.max_request_bytes)
     if cfg.auth_token:
         asgi = TokenCheck(asgi, cfg.auth_token, core)
     return OneFraming(asgi)
 
 
-#: The routes that queue work, each with whether it always tokenizes text: refused by RefuseBeforeBody
-#: when the server is over its bounds. /tokenize queues no model work, and its tokenizing is bounded
-#: where it runs (core/tokenizing.py).
-QUEUEING_PATHS = {"/rmscore/v1/score": False, "/get_reward": True, "/classify": False, "/pooling": False,
-                  "/score": True, "/v1/score": True, "/rerank": True, "/v1/rerank": True, "/v2/rerank": True}
-
-
 class RefuseBeforeBody:
-    """ASGI middleware: a POST to a route that queues work (QUEUEING_PATHS) is refused with that route's
+    """ASGI middleware: a POST to a route that queues work (`http_errors.routes(app).queueing`, read from
+    the app's routes) is refused with that route's
     answer (429 queue full, 503 not ready, in vLLM's shape on its routes) as soon as its headers are in,
     when the server is already over what any request would be refused for (ScoringCore.check_before_body:
     not ready, the work or the tokenizing ahead over max_queue_wait_seconds). Its body is never read
@@ -54,18 +48,18 @@ class RefuseBeforeBody:
     arrive within body_timeout_seconds (http_protocol.py) or the connection is closed. Closing at once
     would reset the connection under a client still sending, which may then lose the answer."""
 
-    def __init__(self, app, core: ScoringCore):
-        self.app, self.core = app, core
+    def __init__(self, app, core: ScoringCore, routes):
+        self.app, self.core, self.routes = app, core, routes
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["method"] == "POST":
-            tokenizes = QUEUEING_PATHS.get(scope["path"])
+            tokenizes = self.routes.queueing.get(scope["path"])
             if tokenizes is not None:
                 t0 = time.perf_counter()
                 try:
                     self.core.check_before_body(tokenizes)
                 except ScoreError as e:
-                    resp = refusal(self.core, e, t0, vllm=scope["path"] in VLLM_PATHS)
+                    resp = refusal(self.core, e, t0, vllm=scope["path"] in self.routes.vllm)
                     if any(k == b"expect" for k, _ in scope.get("headers") or ()):
                         # 100-continue: the client waits to send its body, which no 100 will ask for
                         # now; closing says so (RFC 9110 10.1.1), and there is no body to reset.
