@@ -42,7 +42,10 @@ REFUSED_STREAM = 7
 KINDS = servers.grpc_kind_per_language()
 # gRPC 1.51's chttp2 treats a HEADERS frame over the acknowledged limit as a connection error ("Max
 # stream count exceeded"): the connection is closed without GOAWAY and the calls it had accepted end
-# UNAVAILABLE. No channel argument of 1.51 changes it; newer gRPC refuses the stream instead.
+# UNAVAILABLE. No channel argument of 1.51 changes it; newer gRPC refuses the stream instead. Evidence
+# (docs/contract.md, "Streams per connection"): chttp2's init_header_frame_parser returns that error
+# on the acknowledged count alone, and the libgrpc29 1.51.1 the server links has neither
+# grpc.http.overload_protection nor grpc.http2.max_deallocating_streams (py-grpc's fix).
 KNOWN = {"cpp-grpc": "gRPC 1.51 closes the connection of a client over the stream limit (docs/contract.md)"}
 
 
