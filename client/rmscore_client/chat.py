@@ -124,6 +124,27 @@ def _pick(template: Any, source: str) -> str:
     return template
 
 
+def read_pretrained(path: str | os.PathLike) -> tuple[str, dict[str, str]]:
+    """The chat template text and named special tokens of a Hugging Face tokenizer directory (an
+    rmscore model repository's `hf/`, or its root) or its tokenizer_config.json, read, not compiled:
+    `chat_template.jinja` when there (transformers >= 4.50 saves the template there), else
+    tokenizer_config.json's `chat_template`; special tokens from tokenizer_config.json, then
+    special_tokens_map.json. ChatTemplateError when there is no template. What servers publish
+    (ModelInfo.chat_template) and what `ChatTemplate.from_pretrained` compiles."""
+    p = pathlib.Path(path)
+    if p.is_dir() and not (p / "tokenizer_config.json").is_file() and (p / "hf" / "tokenizer_config.json").is_file():
+        p = p / "hf"
+    config_path = p if p.is_file() else p / "tokenizer_config.json"
+    folder = config_path.parent
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ChatTemplateError(f"cannot read {config_path}: {e}") from None
+    jinja = folder / "chat_template.jinja"
+    text = jinja.read_text(encoding="utf-8") if jinja.is_file() else _pick(config.get("chat_template"), str(config_path))
+    return text, special_tokens(folder, config)
+
+
 class ChatTemplate:
     """A reward model's chat template and the special tokens its tokenizer hands the template."""
 
@@ -161,22 +182,17 @@ class ChatTemplate:
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> ChatTemplate:
         """From a Hugging Face tokenizer directory (an rmscore model repository's `hf/`, or its root),
-        or its tokenizer_config.json: `chat_template.jinja` when there (transformers >= 4.50 saves the
-        template there), else tokenizer_config.json's `chat_template`; special tokens from
-        tokenizer_config.json, then special_tokens_map.json."""
-        p = pathlib.Path(path)
-        if p.is_dir() and not (p / "tokenizer_config.json").is_file() and (p / "hf" / "tokenizer_config.json").is_file():
-            p = p / "hf"
-        config_path = p if p.is_file() else p / "tokenizer_config.json"
-        folder = config_path.parent
-        try:
-            config = json.loads(config_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise ChatTemplateError(f"cannot read {config_path}: {e}") from None
-        jinja = folder / "chat_template.jinja"
-        text = jinja.read_text(encoding="utf-8") if jinja.is_file() else _pick(config.get("chat_template"),
-                                                                             str(config_path))
-        return cls(text, special_tokens(folder, config))
+        or its tokenizer_config.json (`read_pretrained`)."""
+        text, tokens = read_pretrained(path)
+        return cls(text, tokens)
+
+    @classmethod
+    def from_model_info(cls, info) -> ChatTemplate | None:
+        """The template a server publishes in its model info (gRPC ModelInfo / GET /v1/model:
+        `chat_template`, `special_tokens`), or None when it publishes none (the model has none, or
+        the server predates the field)."""
+        text = getattr(info, "chat_template", None) or None
+        return None if text is None else cls(text, dict(getattr(info, "special_tokens", None) or {}))
 
     @classmethod
     def from_tokenizer(cls, tokenizer) -> ChatTemplate:
@@ -227,4 +243,5 @@ class ChatTemplate:
         return self.render([{"role": "user", "content": prompt}, {"role": "assistant", "content": response}])
 
 
-__all__ = ["ChatTemplate", "ChatTemplateError", "compile_template", "special_tokens", "SPECIAL_TOKEN_NAMES"]
+__all__ = ["ChatTemplate", "ChatTemplateError", "compile_template", "read_pretrained", "special_tokens",
+           "SPECIAL_TOKEN_NAMES"]

@@ -118,7 +118,9 @@ class AsyncRewardClient(_AsyncClientBase):
                 raise from_rpc_error(e) from None
 
         m, _ = await with_retry(once, self.timeout_s, self.retry)
-        return ModelInfo(**{name: getattr(m, name) for name in ModelInfo.__dataclass_fields__})
+        fields = {name: getattr(m, name) for name in ModelInfo.__dataclass_fields__}
+        fields["special_tokens"] = dict(fields["special_tokens"])
+        return ModelInfo(**fields)
 
     async def _tokenizer_json(self) -> str:
         return (await self.info()).tokenizer_json

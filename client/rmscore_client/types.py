@@ -96,6 +96,11 @@ class ModelInfo:
     backend: str
     device: str
     tokenizer_json: str | None = field(default=None, repr=False)
+    #: The reward model's chat template as the server publishes it ("": none, or a server that
+    #: predates the field) and the tokenizer's named special tokens a template sees:
+    #: `rmscore_client.chat.ChatTemplate.from_model_info(info)` renders with them.
+    chat_template: str = field(default="", repr=False)
+    special_tokens: dict = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "score_stream.h"
 
@@ -209,11 +211,74 @@ std::optional<Clock::time_point> SteadyDeadline(const grpc::CallbackServerContex
   return Clock::now() + std::chrono::seconds(left.tv_sec) + std::chrono::nanoseconds(left.tv_nsec);
 }
 
+namespace {
+
+std::optional<std::string> ReadFileIfThere(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+nlohmann::json ReadJson(const std::string& path) {
+  const auto text = ReadFileIfThere(path);
+  if (!text) return nlohmann::json::object();
+  auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() ? j : nlohmann::json::object();
+}
+
+}  // namespace
+
+// The model repository's own chat template, as the Python servers read it (rmscore_client.chat
+// read_pretrained): hf/chat_template.jinja, else hf/tokenizer_config.json's chat_template (a string,
+// or the "default" of named templates); "" when there is none.
+std::string ReadChatTemplate(const std::string& model_dir) {
+  if (auto jinja = ReadFileIfThere(model_dir + "/hf/chat_template.jinja")) return *jinja;
+  const nlohmann::json cfg = ReadJson(model_dir + "/hf/tokenizer_config.json");
+  auto it = cfg.find("chat_template");
+  if (it == cfg.end()) return "";
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_array()) {
+    for (const auto& t : *it) {
+      if (t.is_object() && t.value("name", nlohmann::json()) == "default" && t.contains("template") &&
+          t["template"].is_string())
+        return t["template"].get<std::string>();
+    }
+  }
+  return "";
+}
+
+// The tokenizer's named special tokens (transformers' SPECIAL_TOKENS_ATTRIBUTES) as text:
+// hf/tokenizer_config.json's, then hf/special_tokens_map.json's for those it lacks; a token is a
+// string or an AddedToken object's "content".
+std::map<std::string, std::string> ReadSpecialTokens(const std::string& model_dir) {
+  static const char* const kNames[] = {"bos_token", "eos_token", "unk_token", "sep_token",
+                                       "pad_token", "cls_token", "mask_token"};
+  std::map<std::string, std::string> out;
+  for (const char* file : {"/hf/tokenizer_config.json", "/hf/special_tokens_map.json"}) {
+    const nlohmann::json j = ReadJson(model_dir + file);
+    for (const char* name : kNames) {
+      if (out.count(name) != 0) continue;
+      auto it = j.find(name);
+      if (it == j.end()) continue;
+      if (it->is_string()) {
+        out[name] = it->get<std::string>();
+      } else if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
+        out[name] = (*it)["content"].get<std::string>();
+      }
+    }
+  }
+  return out;
+}
+
 RewardModelService::RewardModelService(const Config& cfg, const Manifest& manifest, std::string tokenizer_json,
                                        Metrics* metrics)
     : cfg_(cfg),
       manifest_(manifest),
       tokenizer_json_(std::move(tokenizer_json)),
+      chat_template_(ReadChatTemplate(cfg.model_dir)),
+      special_tokens_(ReadSpecialTokens(cfg.model_dir)),
       metrics_(metrics),
       limits_{manifest.vocab_size, manifest.max_sequence_length, cfg.max_sequences_per_request},
       held_bytes_(cfg.max_queued_request_bytes) {
@@ -274,6 +339,8 @@ grpc::ServerUnaryReactor* RewardModelService::GetModelInfo(grpc::CallbackServerC
   info->set_ranking_spearman(r.spearman);
   info->set_ranking_pairwise_agreement(r.pairwise_agreement);
   info->set_ranking_max_abs_diff(r.max_abs_diff);
+  info->set_chat_template(chat_template_);
+  info->mutable_special_tokens()->insert(special_tokens_.begin(), special_tokens_.end());
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -35,6 +36,10 @@ int StreamWindow(const Config& cfg);
 using RewardModelBase = v1::RewardModel::WithRawCallbackMethod_Score<
     v1::RewardModel::WithRawCallbackMethod_ScoreStream<v1::RewardModel::WithCallbackMethod_GetModelInfo<
         v1::RewardModel::Service>>>;
+
+// ModelInfo.chat_template and special_tokens from a model repository (read as the Python servers do).
+std::string ReadChatTemplate(const std::string& model_dir);
+std::map<std::string, std::string> ReadSpecialTokens(const std::string& model_dir);
 
 class RewardModelService final : public RewardModelBase {
  public:
@@ -72,6 +77,9 @@ class RewardModelService final : public RewardModelBase {
   const Config& cfg_;
   const Manifest& manifest_;
   const std::string tokenizer_json_;
+  // ModelInfo.chat_template and special_tokens: read from the model repository's hf/ once, here.
+  const std::string chat_template_;
+  const std::map<std::string, std::string> special_tokens_;
   Metrics* const metrics_;
   const Limits limits_;
   HeldBytes held_bytes_;

@@ -1,0 +1,114 @@
+"""Every kind publishes the reward model's chat template in its model info (issue 28, chat templates):
+gRPC ModelInfo.chat_template / special_tokens and the HTTP GET /v1/model fields of the same names, read
+from the model repository as transformers reads the tokenizer folder: hf/chat_template.jinja first,
+else hf/tokenizer_config.json's chat_template (a string, or the "default" of named templates), "" when
+there is none; the tokenizer's named special tokens (the variables a template sees), which
+tokenizer_json does not carry. A client (the TRL adapter) renders conversations with them, so the
+text must be transformers' own on every kind."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import grpc
+import httpx
+import pytest
+
+import servers
+
+KINDS = [k for k in ("cpp-grpc", "py-grpc-onnxruntime", "py-http-onnxruntime") if k in servers.available_kinds()]
+GRPC_KINDS = [k for k in KINDS if servers.launch.transport(k) == "grpc"]
+NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+IN_CONFIG = "{% for m in messages %}{{ m.role }}: {{ m.content }}{{ sep_token }}{% endfor %}"
+IN_JINJA = "{{ cls_token }}{% for m in messages %}[{{ m.role }}] {{ m.content }} {{ sep_token }}{% endfor %}\n"
+NAMED = [{"name": "tool_use", "template": "{{ messages }}"}, {"name": "default", "template": IN_CONFIG}]
+
+
+def make_repo(root: pathlib.Path, config_template=None, jinja: str | None = None) -> pathlib.Path:
+    """The default model repository (files linked) with `config_template` in tokenizer_config.json
+    and `jinja` as hf/chat_template.jinja."""
+    root.mkdir()
+    for f in servers.MODEL.iterdir():
+        if f.is_file():
+            (root / f.name).symlink_to(f)
+    (root / "hf").mkdir()
+    for f in (servers.MODEL / "hf").iterdir():
+        if f.name != "tokenizer_config.json":
+            (root / "hf" / f.name).symlink_to(f)
+    cfg = json.loads((servers.MODEL / "hf" / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    if config_template is not None:
+        cfg["chat_template"] = config_template
+    (root / "hf" / "tokenizer_config.json").write_text(json.dumps(cfg))
+    if jinja is not None:
+        (root / "hf" / "chat_template.jinja").write_text(jinja)
+    return root
+
+
+def published(server) -> tuple[str, dict]:
+    """(chat_template, special_tokens) from the server's model info, on its own transport."""
+    if server.transport == "http":
+        m = httpx.get(server.base_url + "/v1/model", timeout=30).json()
+        return m["chat_template"], m["special_tokens"]
+    from rmscore_client.v1 import reward_pb2, reward_pb2_grpc
+
+    with grpc.insecure_channel(server.target) as ch:
+        m = reward_pb2_grpc.RewardModelStub(ch).GetModelInfo(reward_pb2.GetModelInfoRequest(), timeout=30)
+    return m.chat_template, dict(m.special_tokens)
+
+
+def transformers_view(repo: pathlib.Path) -> tuple[str, dict]:
+    """What transformers 5.24 loads from the same folder: the template and the named special tokens."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(repo / "hf"))
+    template = tok.chat_template or ""
+    if isinstance(template, dict):
+        template = template.get("default", "")
+    return template, {k: v for k, v in tok.special_tokens_map.items() if k in NAMES and isinstance(v, str)}
+
+
+CASES = {
+    "jinja_first": dict(config_template=IN_CONFIG, jinja=IN_JINJA),
+    "config": dict(config_template=IN_CONFIG),
+    "named": dict(config_template=NAMED),
+    "none": dict(),
+}
+
+
+@pytest.fixture(scope="module")
+def repos(tmp_path_factory):
+    base = tmp_path_factory.mktemp("chat_template_info")
+    return {name: make_repo(base / name, **case) for name, case in CASES.items()}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_model_info_publishes_the_models_chat_template(kind, repos):
+    want_text = {"jinja_first": IN_JINJA, "config": IN_CONFIG, "named": IN_CONFIG, "none": ""}
+    for name, repo in repos.items():
+        s = servers.start(kind, model=repo)
+        try:
+            text, tokens = published(s)
+        finally:
+            s.stop(10)
+        assert text == want_text[name], (name, text)
+        hf_text, hf_tokens = transformers_view(repo)
+        assert text == hf_text, name  # the same folder, read as transformers reads it
+        assert tokens == hf_tokens and tokens["cls_token"] == "[CLS]" and tokens["sep_token"] == "[SEP]", \
+            (name, tokens)
+
+
+def test_http_publishes_the_template_it_renders_with(tmp_path):
+    """py-http started with --chat-template FILE renders conversations with that file: it publishes it."""
+    if "py-http-onnxruntime" not in KINDS:
+        pytest.skip("py-http-onnxruntime not among the kinds under test")
+    f = tmp_path / "mine.jinja"
+    f.write_text(IN_JINJA)
+    s = servers.start("py-http-onnxruntime", chat_template=str(f))
+    try:
+        text, tokens = published(s)
+    finally:
+        s.stop(10)
+    assert text == IN_JINJA and tokens["cls_token"] == "[CLS]"
+
