@@ -12,6 +12,7 @@ The reference is transformers' apply_chat_template on the same folder, and ONNX 
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import pathlib
@@ -175,3 +176,51 @@ def test_one_rendering_for_trl_and_vllm_routes(repo, templated):
         f.close()
     r = templated.post("/classify", json={"messages": CONVERSATION, "use_activation": False})
     assert_scores(via_trl, r.json()["data"][0]["probs"])
+
+
+@pytest.mark.parametrize("kind", GRPC_KINDS + [HTTP_KIND])
+def test_trl_adapter_defaults_to_the_template_the_server_publishes(kind, repo, hf_tok, caplog):
+    """No chat_template=: the adapter asks the server's model info (ModelInfo.chat_template and
+    special_tokens) once and renders with it, as TRL's own path renders with the reward model's
+    template. Before, it joined the contents (another number) and warned."""
+    prompts = [CONVERSATION[:2], [{"role": "user", "content": "Name a prime number."}]]
+    completions = [[{"role": "assistant", "content": "Air scatters blue light."}],
+                   [{"role": "assistant", "content": "Seven."}]]
+    s = servers.start(kind, model=repo)
+    target = s.base_url if kind == HTTP_KIND else s.target
+    http = kind == HTTP_KIND
+    sync_f = rmscore_reward(target, http=http)
+    async_f = rmscore_async_reward(target, http=http, name="rm_async")
+    # chat_template= still wins over the server's: the brief variable changes the rendering.
+    mine = copy.deepcopy(hf_tok)
+    mine.chat_template = TEMPLATE.replace("{{ m.role }}: ", "<{{ m.role }}> ")
+    own = rmscore_reward(target, http=http, chat_template=mine, name="own")
+    try:
+        with caplog.at_level("WARNING", logger="rmscore_client.adapters.trl"):
+            _, (r_sync, r_async, r_own) = trl_calculate_rewards(
+                [sync_f, async_f, own], [{"prompt": p} for p in prompts], prompts, completions, [[1]] * 2)
+    finally:
+        sync_f.close()
+        own.close()
+        s.stop(10)
+    want = trl_own_reference(hf_tok, prompts, completions)
+    assert_scores(r_sync, want)
+    assert_scores(r_async, want)
+    assert not [r for r in caplog.records if "joined by blank lines" in r.getMessage()]
+    assert_scores(r_own, trl_own_reference(mine, prompts, completions))
+    assert r_own != r_sync
+
+
+def test_trl_adapter_without_any_template_keeps_joined_text(caplog):
+    """The default model has no template and none is passed: today's joined text, warned once."""
+    f = rmscore_reward(shared_server(HTTP_KIND).base_url, http=True)
+    try:
+        with caplog.at_level("WARNING", logger="rmscore_client.adapters.trl"):
+            got = f(prompts=[CONVERSATION[:2]], completions=[CONVERSATION[2:3]])
+            f(prompts=[CONVERSATION[:2]], completions=[CONVERSATION[2:3]])
+        want = f.client.score_texts(["Be brief.\n\nWhy is the sky blue?"], ["Air scatters blue light."]).scores
+    finally:
+        f.close()
+    assert_scores(got, want)
+    warned = [r for r in caplog.records if "joined by blank lines" in r.getMessage()]
+    assert len(warned) == 1 and "publishes no chat template" in warned[0].getMessage()

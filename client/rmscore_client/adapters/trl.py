@@ -15,11 +15,13 @@ Prompts and completions are strings, or for conversational datasets lists of mes
 (`[{"role": "assistant", "content": "..."}]`). A conversational batch (TRL's `is_conversational`:
 the first prompt is a list of messages with a "role") is scored as TRL's own reward-model path
 scores it (`_calculate_rewards` for an `nn.Module` reward): `prompt + completion` messages rendered
-with the reward model's chat template (`chat_template=`: the reward model's directory, tokenizer or
-template; `chat_template_kwargs=` as GRPOConfig's), tokenized here with the server's tokenizer
-without added special tokens, and sent as token ids, so every server kind scores the same ids.
-Without `chat_template=` the message contents are joined by blank lines and scored as a pair, as
-before; a warning says so once.
+with the reward model's chat template, tokenized here with the server's tokenizer without added
+special tokens, and sent as token ids, so every server kind scores the same ids. The template is
+`chat_template=` when given (the reward model's directory, tokenizer or template), else the one the
+server publishes (ModelInfo.chat_template and special_tokens, asked once at the first
+conversational batch); `chat_template_kwargs=` as GRPOConfig's. With neither (a model without a
+template, or a server that predates the field) the message contents are joined by blank lines and
+scored as a pair, as before; a warning says so once.
 
 Both reward objects pickle (TRL's experimental AsyncGRPOTrainer sends `reward_funcs` to a worker
 process): they hold the target and options, and build their client lazily, in the process (and,
@@ -100,7 +102,7 @@ class _Reward:
     completion, which TRL reads as NaN and leaves out, instead of raising and ending the step.
     `chat_template`: the reward model's template for conversational batches (anything
     `ChatTemplate.load` takes: its directory, an rmscore model repository, a transformers tokenizer,
-    template text); `chat_template_kwargs`: what GRPOConfig.chat_template_kwargs hands TRL's."""
+    template text); without it, the template the server publishes; `chat_template_kwargs`: what GRPOConfig.chat_template_kwargs hands TRL's."""
 
     _client_attrs: tuple[str, ...] = ()
 
@@ -113,6 +115,8 @@ class _Reward:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         self.chat_template = None if chat_template is None else ChatTemplate.load(chat_template)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        # chat_template= wins; else the server's published template, asked once (see _needs_server_template).
+        self._asked_server = chat_template is not None
         self._joined_warned = False
         self.target, self.fixed = (client, None) if isinstance(client, str) else (None, client)
         self.http, self.client_kw = http, client_kw
@@ -121,6 +125,18 @@ class _Reward:
         self.format_prompt, self.format_completion = format_prompt, format_completion
         self.scale, self.shift, self.on_error = scale, shift, on_error
         self.last_result = None  # the ScoreResult of the latest call (timings, model version)
+
+    def _needs_server_template(self, prompts) -> bool:
+        """A conversational batch, no chat_template= and the server not asked yet."""
+        return not self._asked_server and is_conversational(prompts)
+
+    def _adopt_server_template(self, info) -> None:
+        """The template the server publishes (ModelInfo.chat_template), if any, from now on."""
+        self._asked_server = True
+        self.chat_template = ChatTemplate.from_model_info(info)
+        if self.chat_template is not None:
+            log.info("%s: conversational batches are rendered with the chat template the server publishes",
+                     self.__name__)
 
     def _rendered(self, prompts, completions) -> list[str] | None:
         """Each prompt + completion conversation rendered with the chat template (TRL's reward-model
@@ -132,8 +148,8 @@ class _Reward:
                 self._joined_warned = True
                 log.warning("%s: conversational prompts are scored as their contents joined by blank lines, not "
                             "rendered with the reward model's chat template as TRL's own reward-model path renders "
-                            "them; pass chat_template= (the reward model's directory or tokenizer) for its numbers",
-                            self.__name__)
+                            "them: the server publishes no chat template; pass chat_template= (the reward model's "
+                            "directory or tokenizer) for its numbers", self.__name__)
             return None
         if len(prompts) != len(completions):
             raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
@@ -189,6 +205,11 @@ class RMScoreReward(_Reward):
     def __call__(self, prompts: Sequence | None = None, completions: Sequence = (), **kwargs) -> list:
         if not completions:
             return []
+        if self._needs_server_template(prompts):
+            try:
+                self._adopt_server_template(self.client.info())
+            except RewardServerError as e:
+                return self._failed(e, len(completions))
         texts = self._rendered(prompts, completions)
         if texts is None:
             p, c = _pairs(prompts, completions, self.format_prompt, self.format_completion)
@@ -238,6 +259,11 @@ class RMScoreAsyncReward(_Reward):
     async def __call__(self, prompts: Sequence | None = None, completions: Sequence = (), **kwargs) -> list:
         if not completions:
             return []
+        if self._needs_server_template(prompts):
+            try:
+                self._adopt_server_template(await self.client_for_loop().info())
+            except RewardServerError as e:
+                return self._failed(e, len(completions))
         texts = self._rendered(prompts, completions)
         if texts is None:
             p, c = _pairs(prompts, completions, self.format_prompt, self.format_completion)
