@@ -305,6 +305,14 @@ Config ParseConfig(const std::vector<std::string>& args, bool* help_requested) {
       inline_value = true;
     }
     auto it = Setters().find(flag);
+    if (it == Setters().end() && (flag == "--chat-template" || flag == "--strip-string")) {
+      // The Python servers' framework-text flags: said as py-grpc says it (core/config.py _check_text),
+      // so every gRPC kind refuses them in the same words.
+      if (!inline_value && i + 1 < args.size()) value = args[++i];
+      // Python quotes the parsed value: the string, or the tuple of --strip-string's repeats.
+      const std::string got = flag == "--strip-string" ? "('" + value + "',)" : "'" + value + "'";
+      Fail(flag, "applies to the HTTP server's framework routes only; add --transport http, got " + got);
+    }
     if (it == Setters().end()) throw ConfigError("unknown flag '" + a + "' (see --help)");
     if (!inline_value) {
       if (i + 1 >= args.size()) Fail(flag, "missing value");

@@ -4,12 +4,14 @@ from the model repository as transformers reads the tokenizer folder: hf/chat_te
 else hf/tokenizer_config.json's chat_template (a string, or the "default" of named templates), "" when
 there is none; the tokenizer's named special tokens (the variables a template sees), which
 tokenizer_json does not carry. A client (the TRL adapter) renders conversations with them, so the
-text must be transformers' own on every kind."""
+text must be transformers' own on every kind. And every gRPC kind refuses the HTTP-only framework-text
+flags in the same words."""
 
 from __future__ import annotations
 
 import json
 import pathlib
+import subprocess
 
 import grpc
 import httpx
@@ -112,3 +114,15 @@ def test_http_publishes_the_template_it_renders_with(tmp_path):
         s.stop(10)
     assert text == IN_JINJA and tokens["cls_token"] == "[CLS]"
 
+
+@pytest.mark.parametrize("kind", GRPC_KINDS)
+@pytest.mark.parametrize("flag,value,got", [("chat_template", "model", "'model'"),
+                                            ("strip_string", "</s>", "('</s>',)")])
+def test_grpc_kinds_refuse_http_only_flags_alike(kind, flag, value, got):
+    """cpp-grpc said "unknown flag '--chat-template'"; every gRPC kind now says what py-grpc says."""
+    p = subprocess.run(servers.command(kind, port=0, **{flag: value}), capture_output=True, text=True,
+                       timeout=120, cwd=servers.ROOT)
+    out = p.stdout + p.stderr
+    name = "--" + flag.replace("_", "-")
+    assert p.returncode == 2 and (f"{name}: applies to the HTTP server's framework routes only; "
+                                  f"add --transport http, got {got}") in out, out
