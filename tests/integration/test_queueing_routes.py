@@ -4,7 +4,7 @@ Which paths speak vLLM's API and which queue work was written out twice beside v
 (http_errors.VLLM_PATHS, http_middleware.QUEUEING_PATHS). A route vllm_api.py added (as vLLM adds
 spellings of /score and /rerank) was then read and decoded under overload instead of being refused
 at its headers, and its errors came in rmscore's shape instead of vLLM's. Now both come from
-`http_errors.routes(app)`, read from the app itself, and docs/contract.md lists the same paths.
+`http_routes.routes(app)`, read from the app itself, and docs/contract.md lists the same paths.
 
 In process, over the servers' own ASGI stack (http_app.served_asgi) and the real ScoringCore of
 models/default, built without a backend (tests/fuzz/fuzz_common.py): such a core is warming up, so a
@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "tests" / "fuzz"))
 import fuzz_common  # noqa: E402
 
 from rmscore.core.scoring import WARMING_UP  # noqa: E402
-from rmscore.frontends import http_app, http_errors, vllm_api  # noqa: E402
+from rmscore.frontends import http_app, http_routes, vllm_api  # noqa: E402
 
 EXPECTED_QUEUEING = {"/rmscore/v1/score": False, "/get_reward": True, "/classify": False, "/pooling": False,
                      "/score": True, "/v1/score": True, "/rerank": True, "/v1/rerank": True, "/v2/rerank": True}
@@ -69,7 +69,7 @@ def core():
 
 def test_every_queueing_route_is_refused_before_its_body(core):
     app = http_app.create_app(core)
-    found = http_errors.routes(app)
+    found = http_routes.routes(app)
     assert dict(found.queueing) == EXPECTED_QUEUEING
     assert {"/classify", "/pooling", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/tokenize",
             "/v1/models"} <= found.vllm and not found.vllm & {"/rmscore/v1/score", "/get_reward"}

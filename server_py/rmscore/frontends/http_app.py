@@ -22,8 +22,9 @@ from rmscore.core.errors import Code, ScoreError
 from rmscore.core.liveness import now_us
 from rmscore.core.scoring import SERVING, ScoringCore
 from rmscore.frontends import http_middleware, json_body, openrlhf, reward_text, vllm_api
-from rmscore.frontends.http_errors import error_response, is_vllm, refusal, vllm_error_response
+from rmscore.frontends.http_errors import error_response, refusal, vllm_error_response
 from rmscore.frontends.http_models import ScoreIn, ScoreOut
+from rmscore.frontends.http_routes import is_vllm
 from rmscore.frontends.model_info import model_info
 
 

@@ -18,7 +18,8 @@ from rmscore.core.admission import CALLER
 from rmscore.core.config import ServeConfig
 from rmscore.core.errors import UNAUTHENTICATED_MESSAGE, Code, ScoreError, bearer_matches
 from rmscore.core.scoring import ScoringCore
-from rmscore.frontends.http_errors import error_response, refusal, routes
+from rmscore.frontends.http_errors import error_response, refusal
+from rmscore.frontends.http_routes import routes
 
 
 def wrap(app, cfg: ServeConfig, core: ScoringCore):
@@ -37,7 +38,7 @@ def wrap(app, cfg: ServeConfig, core: ScoringCore):
 
 
 class RefuseBeforeBody:
-    """ASGI middleware: a POST to a route that queues work (`http_errors.routes(app).queueing`, read from
+    """ASGI middleware: a POST to a route that queues work (`http_routes.routes(app).queueing`, read from
     the app's routes) is refused with that route's
     answer (429 queue full, 503 not ready, in vLLM's shape on its routes) as soon as its headers are in,
     when the server is already over what any request would be refused for (ScoringCore.check_before_body:
