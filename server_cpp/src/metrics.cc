@@ -148,6 +148,10 @@ Metrics::Metrics(const std::string& model, const std::string& version, const std
   in_flight_ = &Family(gauges_, "rmscore_requests_in_flight").Add({});
   stalled_ = &Family(gauges_, "rmscore_batcher_stalled_seconds").Add({});
   queued_bytes_ = &Family(gauges_, "rmscore_queued_request_bytes").Add({});
+  // Work waiting to be tokenized: the Python kinds' tokenizing pool. This server takes token ids only
+  // (a text is refused INVALID_ARGUMENT), so nothing waits here; the series is exported, at 0, so that
+  // every kind has the same names and a dashboard summing over kinds finds it.
+  Family(gauges_, "rmscore_tokenize_queue_characters").Add({});
   scraped_ = std::make_shared<ScrapeCollectable>(this);
   Family(gauges_, "rmscore_build_info").Add({{"model", model}, {"version", version}}).Set(1);
   // Labelled families are exported only once they hold a series: make the

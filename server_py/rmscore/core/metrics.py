@@ -78,6 +78,11 @@ class Metrics:
         """rmscore_queued_request_bytes is `held()`, read at each scrape (admission.py HeldBytes)."""
         self._child("rmscore_queued_request_bytes").set_function(held)
 
+    def set_tokenize_queue_source(self, chars: Callable[[], float]) -> None:
+        """rmscore_tokenize_queue_characters is `chars()`, read at each scrape (core/tokenizing.py
+        TokenizePool.waiting_chars)."""
+        self._child("rmscore_tokenize_queue_characters").set_function(chars)
+
     def set_queue_capacity(self, n: int) -> None:
         self._child("rmscore_queue_capacity_sequences").set(n)
 

@@ -73,6 +73,7 @@ class ScoringCore:
         # Bytes of accepted requests, from acceptance until answered (--max-queued-request-bytes).
         self.held = HeldBytes(cfg.max_queued_request_bytes)
         self.metrics.set_queued_bytes_source(lambda: self.held.held)
+        self.metrics.set_tokenize_queue_source(self.tokenizing.waiting_chars)
         self.state = WARMING_UP
         self.failure: str | None = None
         self.batcher: Batcher | None = None

@@ -125,6 +125,12 @@ class TokenizePool:
         for t in self._workers:
             t.start()
 
+    def waiting_chars(self) -> int:
+        """Characters accepted and not yet tokenized (pieces running included): what admission counts,
+        and the gauge rmscore_tokenize_queue_characters."""
+        with self._mu:
+            return self._chars
+
     def wait_s(self, more: int = 0) -> float:
         with self._mu:
             return (self._chars + more) * self.s_per_char / self.threads
