@@ -224,3 +224,31 @@ def test_trl_adapter_without_any_template_keeps_joined_text(caplog):
     assert_scores(got, want)
     warned = [r for r in caplog.records if "joined by blank lines" in r.getMessage()]
     assert len(warned) == 1 and "publishes no chat template" in warned[0].getMessage()
+
+
+def vllm_score_pair_reference(hf_tok, query: str, document: str) -> float:
+    """vLLM's cross-encoder score prompt with a chat template (scoring/io_processor.py
+    CrossEncoderIOProcessor.get_score_prompt at c2dbc3c5): query and document messages rendered by
+    apply_chat_template(tokenize=False), then tokenized with the tokenizer's special tokens added."""
+    text = hf_tok.apply_chat_template([{"role": "query", "content": query}, {"role": "document", "content": document}],
+                                      tokenize=False)
+    return ort_scores([hf_tok(text)["input_ids"]])[0]
+
+
+def test_vllm_score_and_rerank_pairs_render_as_vllm_with_a_chat_template(repo, hf_tok):
+    """With --chat-template, vLLM renders a /score or /rerank pair as a "query" and a "document"
+    message and tokenizes the text with special tokens; rmscore rendered a user and an assistant
+    message without them (/get_reward's rendering), another number."""
+    s = servers.start(HTTP_KIND, model=repo, chat_template="model")
+    query, docs = "Why is the sky blue?", ["Air scatters blue light.", "Seven."]
+    try:
+        with httpx.Client(base_url=s.base_url, timeout=60) as c:
+            score = c.post("/score", json={"text_1": query, "text_2": docs, "use_activation": False})
+            rerank = c.post("/rerank", json={"query": query, "documents": docs, "use_activation": False})
+    finally:
+        s.stop(10)
+    want = [vllm_score_pair_reference(hf_tok, query, d) for d in docs]
+    assert score.status_code == 200, score.text
+    assert_scores([d["score"] for d in score.json()["data"]], want)
+    assert rerank.status_code == 200, rerank.text
+    assert_scores([r["relevance_score"] for r in sorted(rerank.json()["results"], key=lambda r: r["index"])], want)

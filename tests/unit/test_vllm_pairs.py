@@ -93,11 +93,13 @@ def test_with_a_chat_template_each_distinct_pair_is_encoded_once():
     enc = Encoder(BERT_JSON, 512, chat_template=template)
     seen = []
     one = enc.encode_one
-    enc.encode_one = lambda item, *a: seen.append(item) or one(item, *a)
+    enc.encode_one = lambda item, *a, **kw: seen.append(item) or one(item, *a, **kw)
     pairs = broadcast(["why is the sky blue"], ["air", "light", "air"], 1024)
     ids = encode_pairs(enc, pairs)
-    assert ids == [one(p) for p in pairs] and ids[0] == ids[2]
-    assert seen == [("why is the sky blue", "air"), ("why is the sky blue", "light")]
+    # vLLM's score-pair rendering: a query and a document message, special tokens added.
+    want = [one(f"<query> {q} <document> {d} ", True) for q, d in pairs]
+    assert ids == want and ids[0] == ids[2] and ids[0][0] == 101 and ids[0][-1] == 102
+    assert seen == ["<query> why is the sky blue <document> air ", "<query> why is the sky blue <document> light "]
 
 
 def test_pairs_are_counted_before_anything_is_read():

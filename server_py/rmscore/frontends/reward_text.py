@@ -6,9 +6,10 @@ Trainers send text in the *policy's* format: OpenRLHF decodes prompt + response 
 per-server options (core/config.py, "framework text") bring it to the reward model's format:
 - `--strip-string S` (repeatable): every occurrence of S is removed from queries and prompts
   before anything else (EOS, pad, template markers of the policy).
-- `--chat-template FILE|model`: a (prompt, response) pair is rendered with the reward model's own
-  chat template as a user and an assistant message, then tokenized as one text without added
-  special tokens (the template writes its own); `model` takes the model repository's own template
+- `--chat-template FILE|model`: a (prompt, response) pair of /get_reward is rendered with the reward
+  model's own chat template as a user and an assistant message, then tokenized as one text without
+  added special tokens (the template writes its own); a vLLM /score or /rerank pair as vLLM renders
+  it (a "query" and a "document" message, tokenized with special tokens added: vllm_pairs.py); `model` takes the model repository's own template
   (hf/chat_template.jinja, else hf/tokenizer_config.json `chat_template`). The HTTP server loads and
   compiles it as it starts (`chat_template`), before the model loads: the config holds the flag,
   not the template.
@@ -173,6 +174,15 @@ class Encoder:
     def render(self, prompt: str, response: str) -> str:
         try:
             return self.template.render_pair(prompt, response)
+        except ChatTemplateError as e:
+            raise invalid(f"--chat-template: {e}") from None
+
+    def render_score_pair(self, first: str, second: str) -> str:
+        """A vLLM /score or /rerank pair as vLLM renders it with a chat template (its
+        CrossEncoderIOProcessor.get_score_prompt): a "query" and a "document" message, no generation
+        prompt; the caller tokenizes the text with the tokenizer's special tokens added, as vLLM does."""
+        try:
+            return self.template.render([{"role": "query", "content": first}, {"role": "document", "content": second}])
         except ChatTemplateError as e:
             raise invalid(f"--chat-template: {e}") from None
 

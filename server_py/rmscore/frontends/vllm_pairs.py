@@ -44,7 +44,12 @@ def encode_pairs(encoder: Encoder, pairs: list[tuple[str, str]], first_max: int 
     before any is tokenized, and errors name the field (`names`) and the pair's index. A text is
     tokenized once however many pairs hold it. With --chat-template, or a post-processor that is not
     special tokens around the two texts, a pair is encoded as one text, so each distinct pair is
-    tokenized once instead (the pair count is bounded by `broadcast`)."""
+    tokenized once instead (the pair count is bounded by `broadcast`). With --chat-template a pair is
+    rendered as vLLM renders score pairs with a chat template (CrossEncoderIOProcessor.get_score_prompt,
+    vllm/entrypoints/pooling/scoring/io_processor.py at c2dbc3c5): messages
+    [{"role": "query", "content": first}, {"role": "document", "content": second}], no generation
+    prompt, then the text tokenized with the tokenizer's special tokens added (TokenizeParams'
+    add_special_tokens defaults to true there), not as /get_reward's user and assistant turns."""
     stripped: dict[str, str] = {}
     for i, pair in enumerate(pairs):
         for name, text in zip(names, pair):
@@ -123,6 +128,10 @@ def _whole_pairs(encoder: Encoder, pairs, stripped, first_max: int, second_max: 
             for t, k in ((a, first_max), (b, second_max)):
                 if (t, k) not in heads:
                     heads[(t, k)] = head(stripped[t], k)
-            done[(a, b)] = encoder.encode_one((heads[(a, first_max)], heads[(b, second_max)]))
+            ha, hb = heads[(a, first_max)], heads[(b, second_max)]
+            if encoder.template is not None:  # vLLM's rendering of a score pair, special tokens added
+                done[(a, b)] = encoder.encode_one(encoder.render_score_pair(ha, hb), add_special_tokens=True)
+            else:
+                done[(a, b)] = encoder.encode_one((ha, hb))
         out.append(done[(a, b)])
     return out
