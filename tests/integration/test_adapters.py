@@ -36,7 +36,15 @@ def http_server():
 
 
 def reference(prompts, completions) -> list[float]:
+    """encode(prompt, completion) with special tokens: the adapter's pair format (string_format="pair",
+    and a conversation without a chat template)."""
     return ort_scores([e.ids for e in local_tokenizer().encode_batch(list(zip(prompts, completions)))])
+
+
+def trl_reference(prompts, completions) -> list[float]:
+    """TRL 1.16's reward-model path for a string dataset: prompt + completion, no special tokens added."""
+    return ort_scores([e.ids for e in local_tokenizer().encode_batch([p + c for p, c in zip(prompts, completions)],
+                                                                     add_special_tokens=False)])
 
 
 def trl_calculate_rewards(reward_funcs, inputs, prompts, completions, completion_ids_list):
@@ -89,9 +97,14 @@ def test_trl_standard_format(grpc_server):
         sync_f.close()
     assert names == ["rm_sync", "rm_async"]
     assert all(isinstance(x, float) for x in r_sync + r_async)
-    want = reference(PROMPTS, COMPLETIONS)
+    want = trl_reference(PROMPTS, COMPLETIONS)
     assert_scores(r_sync, want)
     assert_scores(r_async, want)
+    pair_f = rmscore_reward(grpc_server.target, string_format="pair")
+    try:
+        assert_scores(pair_f(prompts=PROMPTS, completions=COMPLETIONS), reference(PROMPTS, COMPLETIONS))
+    finally:
+        pair_f.close()
 
 
 def test_trl_conversational_format(grpc_server):
@@ -111,7 +124,7 @@ def test_trl_conversational_format(grpc_server):
 def test_trl_over_http(http_server):
     f = rmscore_async_reward(http_server.base_url, http=True, name="rm_http")
     _, (rewards,) = trl_calculate_rewards([f], [{"prompt": p} for p in PROMPTS], PROMPTS, COMPLETIONS, [[1]] * 3)
-    assert_scores(rewards, reference(PROMPTS, COMPLETIONS))
+    assert_scores(rewards, trl_reference(PROMPTS, COMPLETIONS))
 
 
 def test_message_text():

@@ -17,7 +17,8 @@ import threading
 import pytest
 import torch
 from datasets import Dataset
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, TrainerCallback
+from transformers import (AutoModelForSequenceClassification, AutoTokenizer, LlamaConfig, LlamaForCausalLM,
+                          TrainerCallback)
 from trl import GRPOConfig, GRPOTrainer
 
 import servers
@@ -40,7 +41,10 @@ def replica():
 
 
 def reference(prompts, completions) -> list[float]:
-    return ort_scores([local_tokenizer().encode(p, c).ids for p, c in zip(prompts, completions)])
+    """TRL 1.16's reward-model path for a string dataset (GRPOTrainer._calculate_rewards, nn.Module
+    branch): prompt + completion as one text, tokenized without added special tokens."""
+    return ort_scores([local_tokenizer().encode(p + c, add_special_tokens=False).ids
+                       for p, c in zip(prompts, completions)])
 
 
 def tiny_policy():
@@ -97,6 +101,41 @@ def test_grpo_trains_through_a_server_restart(replica, tmp_path):
     want = reference(prompts, completions)
     assert_scores(list(logs["rewards"]["rm_sync"]), want)
     assert_scores(list(logs["rewards"]["rm_async"]), want)
+
+
+def test_string_dataset_scores_as_trls_own_reward_model_path(replica, tmp_path):
+    """TRL itself scores the same batch twice: with the reward model as an nn.Module (its own path:
+    prompt + completion as one text, no special tokens added, the model's logits) and with rmscore's
+    reward functions. The columns agree; before, the adapter sent encode(prompt, completion), with
+    [CLS]/[SEP] TRL never adds, so every reward differed. string_format="pair" keeps that encoding."""
+    hf = str(servers.MODEL / "hf")
+    rm = AutoModelForSequenceClassification.from_pretrained(hf).eval()
+    rm_tok = AutoTokenizer.from_pretrained(hf)
+    sync_f = rmscore_reward(replica.target, name="rm_sync", timeout_s=CALL_TIMEOUT_S)
+    async_f = rmscore_async_reward(replica.target, name="rm_async", timeout_s=CALL_TIMEOUT_S)
+    pair_f = rmscore_reward(replica.target, name="rm_pair", string_format="pair", timeout_s=CALL_TIMEOUT_S)
+    model, tok = tiny_policy()
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
+                      max_completion_length=8, max_steps=1, logging_steps=1, learning_rate=1e-3, seed=0,
+                      use_cpu=True, bf16=False, report_to="none", save_strategy="no", disable_tqdm=True)
+    trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=[rm, sync_f, async_f, pair_f],
+                          reward_processing_classes=[rm_tok, None, None, None], args=args,
+                          train_dataset=Dataset.from_dict({"prompt": PROMPTS}))
+    try:
+        trainer.train()
+    finally:
+        sync_f.close()
+        pair_f.close()
+    rewards = trainer._logs["rewards"]
+    trl_own = [float(x) for x in rewards[trainer.reward_func_names[0]]]
+    assert len(trl_own) == 4
+    for name in ("rm_sync", "rm_async"):  # ONNX Runtime beside PyTorch eager: float32 rounding apart
+        got = [float(x) for x in rewards[name]]
+        assert max(abs(a - b) for a, b in zip(got, trl_own)) <= 1e-3, (name, got, trl_own)
+    prompts, completions = list(trainer._logs["prompt"]), list(trainer._logs["completion"])
+    pair = ort_scores([local_tokenizer().encode(p, c).ids for p, c in zip(prompts, completions)])
+    assert_scores([float(x) for x in rewards["rm_pair"]], pair)
+    assert max(abs(a - b) for a, b in zip(pair, trl_own)) > 1e-2  # the two encodings are not the same numbers
 
 
 def test_reward_objects_pickle_and_score_after(replica):

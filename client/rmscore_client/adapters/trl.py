@@ -12,7 +12,11 @@ TRL (checked against 1.16.0, trl/trainer/grpo_trainer.py `_calculate_rewards`) c
 TRL's experimental trainers OnlineDPO, SDPO and A2PO call every reward function synchronously: use
 `rmscore_reward` there (an async one would hand them a coroutine; docs/frameworks/trl.md).
 Prompts and completions are strings, or for conversational datasets lists of message dicts
-(`[{"role": "assistant", "content": "..."}]`). A conversational batch (TRL's `is_conversational`:
+(`[{"role": "assistant", "content": "..."}]`). A string batch is scored as TRL's own reward-model
+path scores it (`_calculate_rewards` for an `nn.Module` reward): `prompt + completion` as one text,
+tokenized here with the server's tokenizer without added special tokens, sent as token ids
+(`string_format="pair"`: the server's `encode(prompt, completion)` with special tokens, as the
+adapter scored string batches before, for a reward model trained on that pair format). A conversational batch (TRL's `is_conversational`:
 the first prompt is a list of messages with a "role") is scored as TRL's own reward-model path
 scores it (`_calculate_rewards` for an `nn.Module` reward): `prompt + completion` messages rendered
 with the reward model's chat template, tokenized here with the server's tokenizer without added
@@ -51,6 +55,7 @@ from ..sync import HttpRewardClient, RewardClient, _SyncClient
 
 log = logging.getLogger("rmscore_client.adapters.trl")
 ON_ERROR = ("raise", "none")
+STRING_FORMATS = ("trl", "pair")
 
 
 def message_text(x: Any) -> str:
@@ -100,6 +105,8 @@ class _Reward:
     training. `scale`/`shift` map the raw score. `on_error="none"`: a call that still fails after
     the client's retries (which by default last until its timeout_s) returns None for every
     completion, which TRL reads as NaN and leaves out, instead of raising and ending the step.
+    `string_format`: "trl" (string batches scored as TRL's reward-model path: prompt + completion as
+    one text, no special tokens added) or "pair" (encode(prompt, completion), special tokens added).
     `chat_template`: the reward model's template for conversational batches (anything
     `ChatTemplate.load` takes: its directory, an rmscore model repository, a transformers tokenizer,
     template text); without it, the template the server publishes; `chat_template_kwargs`: what GRPOConfig.chat_template_kwargs hands TRL's."""
@@ -110,9 +117,12 @@ class _Reward:
                  format_prompt: Callable[[Any], str] = message_text,
                  format_completion: Callable[[Any], str] = message_text, scale: float = 1.0, shift: float = 0.0,
                  on_error: str = "raise", chat_template: Any = None, chat_template_kwargs: dict | None = None,
-                 **client_kw):
+                 string_format: str = "trl", **client_kw):
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        if string_format not in STRING_FORMATS:
+            raise ValueError(f"string_format must be one of {STRING_FORMATS}, got {string_format!r}")
+        self.string_format = string_format
         self.chat_template = None if chat_template is None else ChatTemplate.load(chat_template)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         # chat_template= wins; else the server's published template, asked once (see _needs_server_template).
@@ -139,10 +149,15 @@ class _Reward:
                      self.__name__)
 
     def _rendered(self, prompts, completions) -> list[str] | None:
-        """Each prompt + completion conversation rendered with the chat template (TRL's reward-model
-        path), or None: not conversational, or no template (then joined text, said once)."""
+        """The texts TRL's reward-model path tokenizes without special tokens: each prompt +
+        completion conversation rendered with the chat template, or each string prompt + completion
+        as one text; None: a pair to score as encode(prompt, completion) (string_format="pair", or a
+        conversation without a template: then joined text, said once)."""
         if not is_conversational(prompts):
-            return None
+            if self.string_format == "pair":
+                return None
+            p, c = _pairs(prompts, completions, self.format_prompt, self.format_completion)
+            return [a + b for a, b in zip(p, c)]
         if self.chat_template is None:
             if not self._joined_warned:
                 self._joined_warned = True
@@ -214,7 +229,7 @@ class RMScoreReward(_Reward):
         if texts is None:
             p, c = _pairs(prompts, completions, self.format_prompt, self.format_completion)
         try:
-            if texts is not None:  # the template wrote its own special tokens: none added
+            if texts is not None:  # TRL's add_special_tokens=False (a template writes its own)
                 ids = [e.ids for e in self.client.tokenizer().encode_batch(texts, add_special_tokens=False)]
                 return self._rewards(self.client.score_ids(ids, truncation=self.truncation))
             return self._rewards(self.client.score_texts(p, c, truncation=self.truncation))
@@ -269,7 +284,7 @@ class RMScoreAsyncReward(_Reward):
             p, c = _pairs(prompts, completions, self.format_prompt, self.format_completion)
         try:
             client = self.client_for_loop()
-            if texts is not None:  # the template wrote its own special tokens: none added
+            if texts is not None:  # TRL's add_special_tokens=False (a template writes its own)
                 tok = await client.tokenizer()
                 encs = await asyncio.to_thread(tok.encode_batch, texts, add_special_tokens=False)
                 return self._rewards(await client.score_ids([e.ids for e in encs], truncation=self.truncation))
