@@ -100,7 +100,7 @@ def test_pickles_and_loads_from_what_a_user_has(tmp_path):
 
 
 def test_the_servers_pair_path_tokenizes_as_transformers(tmp_path):
-    """--chat-template on /get_reward and vLLM's text pairs: the pair as a user and an assistant
+    """--chat-template on /get_reward's pairs: the pair as a user and an assistant
     message, with the tokenizer's special tokens in the template (before: bos_token and eos_token
     rendered as "", and cls_token/sep_token undefined), tokenized without added special tokens."""
     from rmscore.frontends.reward_text import Encoder, load_chat_template
@@ -119,3 +119,9 @@ def test_the_servers_pair_path_tokenizes_as_transformers(tmp_path):
     f.write_text(TEMPLATES["bert"])
     assert load_chat_template(str(f), repo).render([{"role": "user", "content": "q"}], brief=True) == \
         "[CLS]user: q [SEP]"
+    # `--chat-template model` takes hf/chat_template.jinja over tokenizer_config.json's, as
+    # transformers does (docs/frameworks/openrlhf.md), special tokens and all.
+    (hf / "chat_template.jinja").write_text(TEMPLATES["bert"])
+    jinja = load_chat_template("model", repo)
+    assert jinja.text == TEMPLATES["bert"] == hf_tokenizer(hf).chat_template
+    assert jinja.render([{"role": "user", "content": "q"}], brief=True) == "[CLS]user: q [SEP]"
