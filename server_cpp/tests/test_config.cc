@@ -1,5 +1,6 @@
 // Flag parsing: the contract's defaults, and bad values refused quoting them.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -222,6 +223,36 @@ TEST(Bearer, OnlyTheExactValueMatches) {
   EXPECT_FALSE(BearerMatches("abc", "abc"));
   EXPECT_FALSE(BearerMatches("Basic abc", "abc"));
   EXPECT_FALSE(BearerMatches(std::string_view("Bearer abc\0", 11), "abc"));
+}
+
+TEST(Config, HttpOnlyFlagsAreRefusedInPyGrpcsWords) {
+  EXPECT_EQ(ErrorOf({"--chat-template", "model"}),
+            "--chat-template: applies to the HTTP server's framework routes only; add --transport http, got 'model'");
+  EXPECT_EQ(ErrorOf({"--strip-string=</s>"}),
+            "--strip-string: applies to the HTTP server's framework routes only; add --transport http, got ('</s>',)");
+}
+
+// ModelInfo.chat_template and special_tokens, read as rmscore_client.chat.read_pretrained reads them.
+TEST(ModelInfo, ChatTemplateAndSpecialTokensFromTheRepository) {
+  char tmpl[] = "/tmp/rmscore-chat-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, hf = dir + "/hf";
+  ASSERT_EQ(mkdir(hf.c_str(), 0700), 0);
+  auto write = [&](const std::string& name, const std::string& text) { std::ofstream(hf + "/" + name) << text; };
+  EXPECT_EQ(ReadChatTemplate(dir), "");  // no tokenizer_config.json at all
+  EXPECT_TRUE(ReadSpecialTokens(dir).empty());
+  write("tokenizer_config.json", R"({"cls_token": "[CLS]", "sep_token": {"content": "[SEP]"}, "bos_token": null,
+    "chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]})");
+  write("special_tokens_map.json", R"({"sep_token": "ignored", "unk_token": "[UNK]"})");
+  EXPECT_EQ(ReadChatTemplate(dir), "D");
+  const std::map<std::string, std::string> want{{"cls_token", "[CLS]"}, {"sep_token", "[SEP]"}, {"unk_token", "[UNK]"}};
+  EXPECT_EQ(ReadSpecialTokens(dir), want);
+  write("chat_template.jinja", "J\n");
+  EXPECT_EQ(ReadChatTemplate(dir), "J\n");  // the .jinja file first, as transformers
+  for (const char* f : {"tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"})
+    std::remove((hf + "/" + f).c_str());
+  rmdir(hf.c_str());
+  rmdir(dir.c_str());
 }
 
 }  // namespace
