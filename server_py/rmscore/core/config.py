@@ -179,7 +179,7 @@ class ServeConfig:
               "max-text-chars", "must be an integer >= 1 (default: 256 x the model's max_sequence_length)",
               self.max_text_chars)
     # ---- end of text bounds ----
-    # Transport limits (issue 20; same flags in the C++ server).
+    # Transport limits (docs/hardening.md; same flags in the C++ server).
     #: HTTP/2 streams one connection may have open at once (gRPC's max_concurrent_streams).
     max_concurrent_streams: int = 100
     #: ScoreStream items of one stream being scored or answered but unsent; at the bound the server

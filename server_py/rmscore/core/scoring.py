@@ -14,7 +14,7 @@ import pathlib
 import sys
 import threading
 import time
-from typing import Awaitable
+from typing import Awaitable, Callable
 
 import numpy as np
 
@@ -236,10 +236,10 @@ class ScoringCore:
 
     def check_admission(self, deadline_s: float | None) -> None:
         """Raise what a request with this deadline gets before it is even read: not ready, or refused by
-        the work ahead (admission.py). Front ends call it before decoding a request, so a refusal under
-        a work flood costs no decoding or validation (issue 20: checking the ids of 128 x 512-token
-        requests that were then refused took most of the GIL, and a probe waited for it). Validation
-        errors therefore come second on a loaded server, in both languages (docs/contract.md). The work
+        the work ahead (admission.py). Every entry of the core asks it first, so a refusal under a work
+        flood costs no validation or tokenizing (checking the ids of 128 x 512-token requests that were
+        then refused took most of the GIL, and a probe waited for it). Validation errors therefore come
+        second on a loaded server, in both languages (docs/contract.md). The work
         ahead is the caller's (admission.CALLER, set by the front end): callers are served in turn, so
         one that floods is refused for its own work while a new caller's wait is the batches running."""
         self.check_ready()
@@ -285,7 +285,7 @@ class ScoringCore:
             seqs = await self.tokenize_items(items, truncation, deadline_s)
         elif sum(len(it.tokens) for it in items if it.tokens is not None) >= THREAD_VALIDATE_MIN_TOKENS:
             # Checking 64k token ids takes ~4 ms: off the event loop, so a small call arriving
-            # meanwhile is not queued behind it (issue 20's work flood).
+            # meanwhile is not queued behind it (a work flood of such requests stalled every probe).
             seqs = await asyncio.to_thread(self.validator.request, items, truncation)
         else:
             seqs = self.validator.request(items, truncation)
@@ -350,7 +350,15 @@ class ScoringCore:
         Parts used to go through `score`, which validates a large part on a thread before queueing
         it, so every part of a 5000-query request was submitted at once and the later ones were
         refused by the work bound: 429 after 1.1 s, and OpenRLHF stops training after five retries."""
-        self.check_admission(None)  # before validating: a refusal costs nothing
+        return await self.score_prepared(lambda: _ready(items), truncation)
+
+    async def score_prepared(self, prepare: Callable[[], Awaitable[list[SeqInput]]], truncation: str) -> list[float]:
+        """`score_in_parts` for a route that makes its inputs itself (OpenRLHF's and vLLM's, with
+        their own encoders): the one call such a route makes. Admission comes first, so a refusal
+        costs no tokenizing; then `prepare()` makes the inputs (its tokenizing on `self.tokenizing`:
+        counted by admission, stopped when the caller goes); then they are fed in parts."""
+        self.check_admission(None)
+        items = await prepare()
         with self.holding(items):
             return await self._score_in_parts(items, truncation)
 
@@ -423,3 +431,7 @@ def _length(x) -> int:
         return len(x)
     except TypeError:
         return 0
+
+
+async def _ready(items: list[SeqInput]) -> list[SeqInput]:
+    return items

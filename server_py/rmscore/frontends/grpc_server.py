@@ -95,10 +95,9 @@ class RewardModelServicer(reward_pb2_grpc.RewardModelServicer):
         deadline = _deadline(context)
         CALLER.set(context.peer())  # this call's task: its connection's turns and share (core/admission.py)
         try:
-            # Before the sequences are turned into inputs, so a refusal costs nothing; core.score asks
-            # again (a lock and some arithmetic), which keeps the order of checks for every caller.
-            self.core.check_admission(deadline)
-            # An unknown enum number goes through as itself, for the validator to refuse.
+            # One call into the core, which checks admission before it validates anything (seq_input
+            # only wraps each message's ids, without copying). An unknown enum number goes through as
+            # itself, for the validator to refuse.
             result = await self.core.score([seq_input(s) for s in request.sequences],
                                            TRUNC.get(request.truncation, request.truncation), deadline)
         except ScoreError as e:

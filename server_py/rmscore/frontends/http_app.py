@@ -98,7 +98,7 @@ def create_app(core: ScoringCore, chat_template=None) -> FastAPI:
             body.timeout_ms = None
         deadline = None if body.timeout_ms is None else time.monotonic() + body.timeout_ms / 1e3
         try:
-            core.check_admission(deadline)  # before the inputs are built; core.score asks again (cheap)
+            # One call into the core, which checks admission before it validates anything.
             if deadline is None:
                 r = await core.score([s.seq_input() for s in body.sequences], body.truncation, None)
             else:

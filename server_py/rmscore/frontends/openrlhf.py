@@ -107,10 +107,10 @@ def parse(body: GetRewardIn, encoder: Encoder, indices: range | None = None) -> 
 def register(app: FastAPI, core: ScoringCore, encoder: Encoder) -> None:
     formats = FormatCount(core)
 
-    async def tokenize(body: GetRewardIn) -> tuple[list, list[list[int]]]:
-        """The queries' items and ids, parsed (strip, prompt search) and tokenized on the core's
-        tokenizing pool in pieces: counted by admission, never on the event loop, stopped between
-        pieces when the client goes (core/tokenizing.py)."""
+    async def tokenize(body: GetRewardIn) -> list[SeqInput]:
+        """The queries parsed (strip, prompt search) and tokenized on the core's tokenizing pool in
+        pieces: counted by admission, never on the event loop, stopped between pieces when the client
+        goes (core/tokenizing.py)."""
         chars = [len(q) + (len(body.prompts[i]) if body.prompts is not None else 0) for i, q in enumerate(body.query)]
 
         def piece(r: range) -> list:
@@ -119,7 +119,8 @@ def register(app: FastAPI, core: ScoringCore, encoder: Encoder) -> None:
 
         done = await core.tokenizing.run([(lambda r=r: piece(r), sum(chars[i] for i in r)) for r in pieces(chars)],
                                          None)
-        return [it for it, _ in done], [x for _, x in done]
+        formats.add([it for it, _ in done], body.prompts is not None)
+        return [SeqInput(tokens=x) for _, x in done]
 
     @app.post("/get_reward")
     async def get_reward(body: GetRewardIn):
@@ -129,10 +130,8 @@ def register(app: FastAPI, core: ScoringCore, encoder: Encoder) -> None:
             if not body.query:  # an empty shard of ceil(n/k) over k URLs: nothing to score
                 core.metrics.request("OK", time.perf_counter() - t0)
                 return {"rewards": [], "scores": [], "extra_logs": {}}
-            core.check_admission(None)  # before tokenizing: a refusal costs nothing
-            items, ids = await tokenize(body)
-            formats.add(items, body.prompts is not None)
-            scores = await core.score_in_parts([SeqInput(tokens=x) for x in ids], "left")
+            # One call into the core: admission, then tokenizing (so a refusal costs none), then parts.
+            scores = await core.score_prepared(lambda: tokenize(body), "left")
         except ScoreError as e:
             return refusal(core, e, t0)
         core.metrics.request("OK", time.perf_counter() - t0)

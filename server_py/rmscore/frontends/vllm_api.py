@@ -25,7 +25,8 @@ ignored, as vLLM's OpenAIBaseModel does. What differs, on purpose:
 - what vLLM refuses is refused, what it honours is honoured (VllmRoutes.check_params: priority,
   softmax/activation, and on /pooling normalize, dimensions, task, encoding_format base64);
 - errors have vLLM's shape, `{"error": {"message", "type", "param", "code"}}`, and a bad request is
-  400 as there (http_errors.py, VLLM_PATHS); overload and not-ready keep rmscore's 429 and 503.
+  400 as there (http_errors.py; which paths are vLLM's: http_routes.py, read from these routes);
+  overload and not-ready keep rmscore's 429 and 503.
 Text goes through reward_text.Encoder, so --strip-string and --chat-template apply here too, and
 `messages` are rendered whole with the reward model's chat template (--chat-template, else the
 model repository's own; refused without one) as vLLM's chat requests are: add_generation_prompt,
@@ -178,11 +179,18 @@ class VllmRoutes:
             if not it or it == ("", ""):
                 raise invalid(f"input[{i}]: empty input")
         self.check_truncation(body)
-        self.core.check_admission(None)  # before tokenizing: a refusal costs nothing
-        # On the core's tokenizing pool: counted by admission, stopped when the caller goes.
-        ids = await encode_counted(self.core.tokenizing, self.encoder, items, add_special_tokens)
-        ids = [self._cut(x, body) for x in ids]
-        return await self.core.score_in_parts([SeqInput(tokens=x) for x in ids], "left"), sum(len(x) for x in ids)
+        tokens = 0
+
+        async def prepare() -> list[SeqInput]:
+            # On the core's tokenizing pool: counted by admission, stopped when the caller goes.
+            nonlocal tokens
+            ids = [self._cut(x, body) for x in await encode_counted(self.core.tokenizing, self.encoder, items,
+                                                                    add_special_tokens)]
+            tokens = sum(map(len, ids))
+            return [SeqInput(tokens=x) for x in ids]
+
+        # One call into the core: admission first (a refusal costs no tokenizing), then prepare, then parts.
+        return await self.core.score_prepared(prepare, "left"), tokens
 
     async def score_pairs(self, first: list[str], second: list[str], names: tuple[str, str],
                           body: ScoringIn) -> tuple[list, int]:
@@ -191,12 +199,18 @@ class VllmRoutes:
         is tokenized once (vllm_pairs.py), off the event loop."""
         pairs = broadcast(first, second, self.core.cfg.max_sequences_per_request, names)
         self.check_truncation(body)
-        self.core.check_admission(None)
         chars = sum(map(len, {t for pair in pairs for t in pair}))  # each distinct text runs once
-        ids = await self.core.tokenizing.run([(lambda: encode_pairs(self.encoder, pairs, body.max_tokens_per_query,
-                                                                     body.max_tokens_per_doc, names), chars)], None)
-        ids = [self._cut(x, body) for x in ids]
-        return await self.core.score_in_parts([SeqInput(tokens=x) for x in ids], "left"), sum(len(x) for x in ids)
+        tokens = 0
+
+        async def prepare() -> list[SeqInput]:
+            nonlocal tokens
+            ids = await self.core.tokenizing.run([(lambda: encode_pairs(self.encoder, pairs, body.max_tokens_per_query,
+                                                                         body.max_tokens_per_doc, names), chars)], None)
+            ids = [self._cut(x, body) for x in ids]
+            tokens = sum(map(len, ids))
+            return [SeqInput(tokens=x) for x in ids]
+
+        return await self.core.score_prepared(prepare, "left"), tokens
 
     def rerank_response(self, body: RerankIn, values: list[float], tokens: int, request: Request) -> dict:
         """vLLM's RerankResponse: every document with its index and text, best first (a stable sort:
