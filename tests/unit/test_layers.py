@@ -22,6 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("runtimes",),     # model runtimes: implement what core/runtime.py asks for
     ("core",),         # transport-free serving: config, batcher, planner, ScoringCore
     ("model",),        # the model repository: export, reader, padding, precision gate
+    ("v1",),           # the server's gRPC stubs, generated from proto/ (scripts/gen_proto.sh)
     (PACKAGE,),        # rmscore/__init__.py
 )
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}

@@ -15,7 +15,7 @@ from rmscore.core.admission import CALLER
 from rmscore.core.config import ServeConfig
 from rmscore.core.errors import UNAUTHENTICATED_MESSAGE, Code, ScoreError, bearer_matches
 from rmscore.core.liveness import LIVENESS_SERVICE
-from rmscore_client.v1 import reward_pb2, reward_pb2_grpc
+from rmscore.v1 import reward_pb2, reward_pb2_grpc  # the server's own stubs (scripts/gen_proto.sh, setup.py)
 from rmscore.core.validation import SeqInput
 from rmscore.core.scoring import SERVING, ScoringCore
 from rmscore.frontends.process import exit_code, write_port_file
