@@ -36,7 +36,7 @@ WORKDIR /opt/rmscore
 COPY scripts/ scripts/
 # Debian's packages in a layer of their own: a change to the sources below does not fetch them again.
 RUN RMSCORE_APT_DEV=0 RMSCORE_STEPS=apt scripts/setup.sh
-COPY requirements.lock pyproject.toml ./
+COPY requirements.lock pyproject.toml setup.py ./
 COPY docker/requirements-python-cpu.lock docker/requirements-python-gpu.lock docker/
 COPY proto/ proto/
 COPY server_py/ server_py/
