@@ -380,11 +380,12 @@ def a_text_cap(ctx):
         _unary_flood(ctx, 6, lambda i: pb.ScoreRequest(sequences=[pb.Sequence(
             text=pb.TextPair(**s)) for s in seqs(i)], truncation=1))
     else:
-        _unary_flood(ctx, 6, lambda i: ("/rmscore/v1/score", _score_body([{"text": s} for s in seqs(i)], "left")))
+        _unary_flood(ctx, 6, lambda i: ("/rmscore/v1/score", _score_body(seqs(i), "left")))
 
 
 def a_score_pairs(ctx):
-    """Defect 3 (HTTP): /score with text_1 and 4096 distinct text_2 of 1000 characters, 4 callers."""
+    """Defect 3 (HTTP): /score with text_1 and 1024 distinct text_2 of 1000 characters (the most
+    accepted: 4096 are refused 400 at once), 4 callers."""
     if ctx["transport"] != "http":
         return
     _unary_flood(ctx, 4, lambda i: ("/score", json.dumps(
@@ -451,7 +452,7 @@ ATTACKS = {
     "trunc_stream": (a_trunc_stream, "1 truncation", ("grpc",)),
     "text_15MiB": (a_text_huge, "3 text", ("py",)),
     "text_cap_8x130k": (a_text_cap, "3 text", ("py",)),
-    "score_4096_pairs": (a_score_pairs, "3 text", ("http",)),
+    "score_1024_pairs": (a_score_pairs, "3 text", ("http",)),
     "big_1024x512": (a_big_request, "4/5 share+bytes", None),
     "big_1024x512_x4conn": (a_big_bodies, "4/5 share+bytes", None),
     "streams_100": (a_streams_100, "4 share", None),
