@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -99,19 +100,37 @@ class ThreadsRun:
     is the calling thread's own (at::set_num_threads sets the caller's OpenMP and MKL counts; another
     thread's call does not change it: a 1024 x 1024 matmul on a thread set to 1 kept its 1-thread time
     after the main thread set 2), so two batcher threads may each run a batch on one thread while a
-    lone batch runs on every thread (runtimes/workers.py, elastic). Setting it costs about 0.2 us."""
+    lone batch runs on every thread (runtimes/workers.py, elastic). Setting it costs about 0.2 us.
+
+    A run on more than one thread goes to one thread of its own. libgomp keeps a team of OpenMP
+    threads per calling thread, and the batcher hands lone batches to whichever of its threads is
+    idle: a run woke one team while the last run's team still spun, and 2-thread batch-1 runs handed
+    round-robin between two threads went from 58 to 35 a second (in process, this machine). The
+    hand-off to the one thread costs tens of microseconds against a run's milliseconds."""
 
     def __init__(self, backend: TorchBackend, threads: int):
         self.backend, self.threads = backend, threads
         self.name = backend.name
+        self._own = ThreadPoolExecutor(1, thread_name_prefix=f"torch-{threads}t") if threads > 1 else None
 
     def score(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        if self._own is None:
+            return self._score(input_ids, attention_mask)
+        return self._own.submit(self._score, input_ids, attention_mask).result()
+
+    def _score(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         torch.set_num_threads(self.threads)
         return self.backend.score(input_ids, attention_mask)
 
     def warmup(self, max_batch_size: int, max_sequence_length: int) -> None:
-        torch.set_num_threads(self.threads)
-        self.backend.warmup(max_batch_size, max_sequence_length)
+        def run() -> None:
+            torch.set_num_threads(self.threads)
+            self.backend.warmup(max_batch_size, max_sequence_length)
+
+        if self._own is None:
+            run()
+        else:
+            self._own.submit(run).result()
 
     def recompiles(self) -> int:
         return self.backend.recompiles()
