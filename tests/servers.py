@@ -9,6 +9,7 @@ bind, then for readiness (gRPC health SERVING, or HTTP /readyz), and returns a `
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import time
@@ -107,3 +108,24 @@ class HealthProbe:
 
     def close(self) -> None:
         self.channel.close() if self.server.transport == "grpc" else self.http.close()
+
+
+def model_repo_with_template(root: pathlib.Path, config_template=None, jinja: str | None = None) -> pathlib.Path:
+    """The default model repository (files linked) with `config_template` in tokenizer_config.json
+    and `jinja` as hf/chat_template.jinja."""
+    root.mkdir()
+    for f in MODEL.iterdir():
+        if f.is_file():
+            (root / f.name).symlink_to(f)
+    (root / "hf").mkdir()
+    for f in (MODEL / "hf").iterdir():
+        if f.name != "tokenizer_config.json":
+            (root / "hf" / f.name).symlink_to(f)
+    cfg = json.loads((MODEL / "hf" / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    if config_template is not None:
+        cfg["chat_template"] = config_template
+    (root / "hf" / "tokenizer_config.json").write_text(json.dumps(cfg))
+    if jinja is not None:
+        (root / "hf" / "chat_template.jinja").write_text(jinja)
+    return root

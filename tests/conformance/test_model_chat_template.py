@@ -9,7 +9,6 @@ flags in the same words."""
 
 from __future__ import annotations
 
-import json
 import pathlib
 import subprocess
 
@@ -25,27 +24,6 @@ NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_t
 IN_CONFIG = "{% for m in messages %}{{ m.role }}: {{ m.content }}{{ sep_token }}{% endfor %}"
 IN_JINJA = "{{ cls_token }}{% for m in messages %}[{{ m.role }}] {{ m.content }} {{ sep_token }}{% endfor %}\n"
 NAMED = [{"name": "tool_use", "template": "{{ messages }}"}, {"name": "default", "template": IN_CONFIG}]
-
-
-def make_repo(root: pathlib.Path, config_template=None, jinja: str | None = None) -> pathlib.Path:
-    """The default model repository (files linked) with `config_template` in tokenizer_config.json
-    and `jinja` as hf/chat_template.jinja."""
-    root.mkdir()
-    for f in servers.MODEL.iterdir():
-        if f.is_file():
-            (root / f.name).symlink_to(f)
-    (root / "hf").mkdir()
-    for f in (servers.MODEL / "hf").iterdir():
-        if f.name != "tokenizer_config.json":
-            (root / "hf" / f.name).symlink_to(f)
-    cfg = json.loads((servers.MODEL / "hf" / "tokenizer_config.json").read_text())
-    cfg.pop("chat_template", None)
-    if config_template is not None:
-        cfg["chat_template"] = config_template
-    (root / "hf" / "tokenizer_config.json").write_text(json.dumps(cfg))
-    if jinja is not None:
-        (root / "hf" / "chat_template.jinja").write_text(jinja)
-    return root
 
 
 def published(server) -> tuple[str, dict]:
@@ -82,7 +60,7 @@ CASES = {
 @pytest.fixture(scope="module")
 def repos(tmp_path_factory):
     base = tmp_path_factory.mktemp("chat_template_info")
-    return {name: make_repo(base / name, **case) for name, case in CASES.items()}
+    return {name: servers.model_repo_with_template(base / name, **case) for name, case in CASES.items()}
 
 
 @pytest.mark.parametrize("kind", KINDS)

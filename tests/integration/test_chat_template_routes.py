@@ -13,7 +13,6 @@ The reference is transformers' apply_chat_template on the same folder, and ONNX 
 from __future__ import annotations
 
 import copy
-import json
 import math
 import pathlib
 
@@ -38,17 +37,7 @@ CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "co
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> pathlib.Path:
     """The default model repository with a chat template in its tokenizer_config.json (the rest linked)."""
-    root = tmp_path_factory.mktemp("rm_with_template")
-    for f in servers.MODEL.iterdir():
-        if f.is_file():
-            (root / f.name).symlink_to(f)
-    (root / "hf").mkdir()
-    for f in (servers.MODEL / "hf").iterdir():
-        if f.name != "tokenizer_config.json":
-            (root / "hf" / f.name).symlink_to(f)
-    cfg = json.loads((servers.MODEL / "hf" / "tokenizer_config.json").read_text())
-    (root / "hf" / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": TEMPLATE}))
-    return root
+    return servers.model_repo_with_template(tmp_path_factory.mktemp("rm") / "rm_with_template", TEMPLATE)
 
 
 @pytest.fixture(scope="module")
