@@ -151,11 +151,7 @@ def _loop(threads: int, until: float, once, tally: _Tally, per_thread_state=None
         st = per_thread_state(i) if per_thread_state else None
         while time.monotonic() < until:
             tally.add(once(i, st))
-    ts = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(until - time.monotonic() + CALL_DEADLINE_S + 10)
+    _run_workers(worker, threads, until + CALL_DEADLINE_S + 10)
 
 
 def _unary_flood(ctx, threads: int, make, own_connections: bool = True) -> None:
@@ -208,6 +204,15 @@ def _tokens(ctx, threads: int, seqs_fn, truncation: str) -> None:
 # Each takes ctx (transport, target, base_url, port, until, tally) and returns nothing; bounded by
 # `until` and by its own thread / connection counts.
 
+
+def _run_workers(worker, n: int, end: float) -> None:
+    """`worker(i)` for i in range(n), each on a daemon thread; waits for them until `end` (monotonic)."""
+    ts = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(end - time.monotonic())
+
 def a_trunc_max(ctx):
     """Defect 1, now: 4 callers send one sequence of 32768 ids (64 x the window, the most accepted)
     with truncation LEFT, back to back."""
@@ -255,11 +260,7 @@ def _streams(ctx, streams: int, item, rate_per_s: float | None, max_items: int, 
             outcome = _grpc_outcome(lambda: (_ for _ in ()).throw(e))
         for sid in sent:
             tally.add(got.get(sid, "LOST:" + outcome if outcome != "OK" else "LOST:no-answer"))
-    ts = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(streams)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(until - time.monotonic() + CALL_DEADLINE_S + 10)
+    _run_workers(worker, streams, until + CALL_DEADLINE_S + 10)
 
 
 def a_trunc_stream(ctx):
@@ -314,11 +315,7 @@ def _paced_http(ctx, callers: int, rate: float, body_fn) -> None:
                 t = time.monotonic()
                 tally.add(_http_outcome(c, "/rmscore/v1/score", body))
                 time.sleep(max(0.0, 1 / rate - (time.monotonic() - t)))
-    ts = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(callers)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(until - time.monotonic() + CALL_DEADLINE_S + 10)
+    _run_workers(worker, callers, until + CALL_DEADLINE_S + 10)
 
 
 def a_burst_300(ctx):
