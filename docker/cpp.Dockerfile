@@ -23,6 +23,9 @@
 ARG BASE_IMAGE=debian:bookworm-slim
 
 FROM ${BASE_IMAGE} AS build
+# Every stage this project builds carries the label, intermediate stages included: scripts/build_images.sh
+# removes, by it, what its earlier builds left untagged (GBs a build).
+LABEL io.rmscore.build=rmscore
 ARG RMSCORE_GPU=0
 ARG RMSCORE_BUILD_JOBS=4
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -63,6 +66,7 @@ RUN python3 -m venv .venv \
  && strip --strip-unneeded -o /opt/rmscore/bin/grpc_health_probe build/healthcheck/grpc_health_probe
 
 FROM ${BASE_IMAGE} AS runtime
+LABEL io.rmscore.build=rmscore
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN useradd --system --uid 10001 --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin rmscore \
  && mkdir -p /opt/rmscore/models /var/cache/rmscore \

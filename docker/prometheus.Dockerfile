@@ -5,6 +5,9 @@
 #   docker build -f docker/prometheus.Dockerfile -t rmscore-prometheus .
 ARG BASE_IMAGE=debian:bookworm-slim
 FROM ${BASE_IMAGE}
+# Every stage this project builds carries the label, intermediate stages included: scripts/build_images.sh
+# removes, by it, what its earlier builds left untagged (GBs a build).
+LABEL io.rmscore.build=rmscore
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # Versions come with the base image's release (as in the other images).
 # hadolint ignore=DL3008

@@ -26,6 +26,9 @@
 ARG BASE_IMAGE=debian:bookworm-slim
 
 FROM ${BASE_IMAGE} AS build
+# Every stage this project builds carries the label, intermediate stages included: scripts/build_images.sh
+# removes, by it, what its earlier builds left untagged (GBs a build).
+LABEL io.rmscore.build=rmscore
 ARG RMSCORE_GPU=0
 # torch==2.13.0 from PyPI is the CUDA build (GBs of libraries); the CPU image
 # takes the CPU wheel of the same version from PyTorch's index.
@@ -78,6 +81,7 @@ RUN .venv/bin/pip uninstall -y -q rmscore-tools locust gevent geventhttpclient g
  && rm -rf tools loadtest
 
 FROM ${BASE_IMAGE} AS runtime
+LABEL io.rmscore.build=rmscore
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # python3: the interpreter the venv was made with (same base, same package);
 # g++ and python3-dev: torch.compile's inductor compiles C++ kernels at run time.

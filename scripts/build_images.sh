@@ -80,7 +80,14 @@ say "base: $BASE"
 PATH=$PWD/.venv/bin:$PATH wheelhouse python
 PATH=$PWD/.venv/bin:$PATH wheelhouse cpp
 say "building (docker compose build; the C++ image builds and tests the server, minutes)"
+STARTED=$(date +%s)
 compose build cpp-grpc py-grpc-onnxruntime model-export prometheus
+# A build whose sources changed leaves the images it replaced, and the classic builder's stage images,
+# untagged: about 8 GB a build, which filled the disk of a machine that builds at every commit. Remove
+# this project's untagged images from earlier builds (the label every stage carries); this build's own
+# stay, as the cache of the next.
+say "$(docker image prune -f --filter label=io.rmscore.build=rmscore --filter "until=$STARTED" | tail -1 \
+       | sed 's/^Total reclaimed space:/untagged images of earlier builds removed:/')"
 for i in rmscore-cpp rmscore-python rmscore-python-tools rmscore-prometheus; do
   say "$(printf '%-22s %6d MB' "$i:$TAG" "$(( $(docker image inspect -f '{{.Size}}' "$i:$TAG") / 1000000 ))")"
 done

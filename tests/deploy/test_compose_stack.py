@@ -20,6 +20,7 @@ one as root); without one every test here is skipped and says why.
 
 from __future__ import annotations
 
+import datetime
 import fcntl
 import json
 import os
@@ -141,11 +142,27 @@ def engine_to_ourselves():
 @pytest.fixture(scope="module")
 def built(engine_to_ourselves):
     """Every CPU image, built by the script a user runs; its time and the sizes go to the log."""
-    t0 = time.monotonic()
+    t0, started_unix = time.monotonic(), time.time()
     r = _run(["bash", "scripts/build_images.sh"], timeout=2400, env={**os.environ, "RMSCORE_TAG": "local"})
     sizes = [line for line in r.stdout.splitlines() if " MB" in line]
     print(f"\nimages built in {time.monotonic() - t0:.0f} s:\n" + "\n".join(sizes))
+    r.started_unix = started_unix
     return r
+
+
+def test_the_build_leaves_no_untagged_images_of_earlier_builds(built):
+    """Each build replaces GBs of this project's images; what it left untagged from earlier builds is
+    removed (a machine that builds at every commit filled its disk), this build's own stage images
+    stay as the next build's cache."""
+    listed = _run(["docker", "images", "-q", "--no-trunc", "--filter", "dangling=true",
+                   "--filter", "label=io.rmscore.build=rmscore"])
+    ids = listed.stdout.split()
+    created = _run(["docker", "image", "inspect", "-f", "{{.Created}}", *ids]).stdout.split() if ids else []
+    older = [(i[:19], c) for i, c in zip(ids, created)
+             if datetime.datetime.fromisoformat(c[:19]).replace(tzinfo=datetime.timezone.utc).timestamp()
+             < built.started_unix - 1]
+    assert not older, f"untagged images of earlier builds left behind: {older}\n{built.stdout[-1500:]}"
+    assert "untagged images of earlier builds removed" in built.stdout, built.stdout[-1500:]
 
 
 @pytest.fixture(scope="module")
