@@ -53,6 +53,6 @@ if [ "${RMSCORE_SANITIZE:-1}" = 1 ]; then
   bash scripts/build_cpp.sh --sanitize
   ctest --test-dir build/cpp-asan --output-on-failure || status=1
   RMSCORE_CPP_BINARY=build/cpp-asan/rmscore-server-cpp RMSCORE_TEST_KINDS=cpp-grpc \
-    .venv/bin/python -m pytest -q tests/conformance/test_conformance.py || status=1
+    .venv/bin/python -m pytest -q tests/conformance/test_conformance.py tests/conformance/test_stream_deadline.py || status=1
 fi
 exit $status

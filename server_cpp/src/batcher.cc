@@ -108,10 +108,14 @@ grpc::Status Batcher::RefusalLocked(int64_t n) const {
 }
 
 void Batcher::Cancel(const std::shared_ptr<Job>& job) {
+  Fail(job, grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"), "cancelled");
+}
+
+void Batcher::Fail(const std::shared_ptr<Job>& job, const grpc::Status& why, const char* drop_reason) {
   Answers answers;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    FailLocked(job, grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"), "cancelled", &answers);
+    FailLocked(job, why, drop_reason, &answers);
   }
   work_cv_.notify_one();  // the oldest sequence may have left: the wait changes
   Answer(answers);

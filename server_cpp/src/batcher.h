@@ -137,6 +137,9 @@ class Batcher {
   // The caller gave up (client cancelled): the job is answered CANCELLED now,
   // on the calling thread, and its queued sequences are dropped.
   void Cancel(const std::shared_ptr<Job>& job);
+  // The job is answered `why` now, on the calling thread, unless it is answered already; its queued
+  // sequences are dropped (counted under `drop_reason`), and those in a running batch are ignored.
+  void Fail(const std::shared_ptr<Job>& job, const grpc::Status& why, const char* drop_reason);
   // Refuses new jobs from now on; waits until every accepted job is answered
   // or `deadline` passes. True when drained.
   bool Drain(Clock::time_point deadline);

@@ -1,6 +1,10 @@
 #include "score_stream.h"
 
+#include <grpcpp/alarm.h>
+
+#include <algorithm>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 
@@ -8,6 +12,19 @@
 
 namespace rmscore {
 namespace {
+
+// gRPC cancels a call when its deadline passes, and an answer written then never reaches the client: the
+// items still owed are answered this long before it (a tenth of the call's time, at most 250 ms), each
+// DEADLINE_EXCEEDED with this message, so a client can tell every item scored from every item not.
+// Python's frontends/grpc_server.py holds the same bound and words.
+constexpr auto kAnswerMarginMax = std::chrono::milliseconds(250);
+constexpr const char* kStreamDeadlineMessage = "deadline exceeded before scoring: the stream's deadline is near";
+
+std::optional<Clock::time_point> AnswerBy(std::optional<Clock::time_point> deadline) {
+  if (!deadline) return std::nullopt;
+  const auto left = std::max(Clock::duration::zero(), *deadline - Clock::now());
+  return *deadline - std::min<Clock::duration>(kAnswerMarginMax, left / 10);
+}
 
 // One ScoreStream call. Reads one item at a time and submits it; answers are
 // written in completion order through a queue with one write in flight.
@@ -24,7 +41,20 @@ namespace {
 class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   StreamCall(RewardModelService* svc, grpc::CallbackServerContext* ctx)
-      : svc_(svc), deadline_(SteadyDeadline(*ctx)), caller_(ctx->peer()), window_(size_t(svc->stream_window())) {
+      : svc_(svc), deadline_(AnswerBy(SteadyDeadline(*ctx))), caller_(ctx->peer()),
+        window_(size_t(svc->stream_window())) {
+    if (deadline_) {
+      guard_ = std::make_shared<AlarmGuard>();
+      guard_->call = this;
+      const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(*deadline_ - Clock::now());
+      const gpr_timespec at = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                           gpr_time_from_nanos(std::max<int64_t>(0, left.count()), GPR_TIMESPAN));
+      // The alarm may fire (or be cancelled, ok = false) after this call is gone: it reaches the call
+      // only through the guard, which OnDone empties before `this` is deleted.
+      alarm_.Set(at, [guard = guard_](bool ok) {
+        if (ok) AnswerByPassed(*guard);
+      });
+    }
     StartRead(&incoming_);
   }
 
@@ -99,9 +129,47 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
     MaybeFinish();  // with nothing outstanding no Respond finishes it; a no-op once finished
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    if (guard_) {
+      std::lock_guard<std::mutex> lk(guard_->mu);  // an alarm callback that holds it is done with `this` after
+      guard_->call = nullptr;
+    }
+    delete this;  // ~Alarm cancels an alarm that has not fired
+  }
 
  private:
+  struct AlarmGuard {
+    std::mutex mu;
+    StreamCall* call = nullptr;  // null once the call is done
+  };
+
+  // On gRPC's alarm thread, at deadline_: every item not answered yet is answered DEADLINE_EXCEEDED now
+  // (queued or in a running batch, whose score is then ignored), while the call can still carry it.
+  static void AnswerByPassed(AlarmGuard& guard) {
+    StreamCall* call;
+    std::vector<std::shared_ptr<Job>> jobs;
+    {
+      std::lock_guard<std::mutex> g(guard.mu);
+      call = guard.call;
+      if (!call) return;
+      std::lock_guard<std::mutex> lk(call->mu_);
+      if (call->finished_) return;
+      call->alarm_answering_ = true;  // the call cannot finish, so `call` stays, until this is cleared
+      for (auto& [_, job] : call->outstanding_) jobs.push_back(job);
+    }
+    const grpc::Status late(grpc::StatusCode::DEADLINE_EXCEEDED, kStreamDeadlineMessage);
+    // Dropped sequences count as "cancelled", as in Python, where the item's task is cancelled for its call.
+    for (auto& job : jobs) call->svc_->batcher()->Fail(job, late, "cancelled");  // each answers through Respond
+    grpc::Status status;
+    bool finish;
+    {
+      std::lock_guard<std::mutex> lk(call->mu_);
+      call->alarm_answering_ = false;
+      finish = call->FinishableLocked(&status);
+    }
+    if (finish) call->Finish(status);  // last touch of `call`
+  }
+
   void Handle(const std::shared_ptr<v1::ScoreStreamRequest>& item, Clock::time_point start) {
     grpc::Status s = svc_->AdmissionStatus(deadline_, caller_);
     // The item's bytes count until its job and answer callback, which hold it, are gone.
@@ -220,7 +288,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   // Precondition: mu_ held. True (once) when every item is answered and written and the reads are
   // done; `*status` is then the call's status.
   bool FinishableLocked(grpc::Status* status) {
-    if (finished_ || !reads_done_ || !outstanding_.empty() || writing_) return false;
+    if (finished_ || !reads_done_ || !outstanding_.empty() || writing_ || alarm_answering_) return false;
     finished_ = true;
     if (!end_status_.ok()) {
       *status = end_status_;
@@ -231,7 +299,10 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   }
 
   RewardModelService* const svc_;
+  // The call's deadline less the answer margin (AnswerBy): admission, the items' jobs and the alarm use it.
   const std::optional<Clock::time_point> deadline_;
+  std::shared_ptr<AlarmGuard> guard_;  // set with a deadline
+  grpc::Alarm alarm_;
   // A stream is its connection's caller, as its calls are: its items take that caller's turns (batcher.h).
   const std::string caller_;
   const size_t window_;  // the most items read and not yet answered on the wire
@@ -244,6 +315,7 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   grpc::Status end_status_;  // not OK once an item did not parse (or an answer did not serialize)
   bool writing_ = false, reads_done_ = false, cancelled_ = false, broken_ = false, finished_ = false;
   bool read_paused_ = false;  // no read pending: the window is full
+  bool alarm_answering_ = false;  // AnswerByPassed is answering items: the call must not finish yet
 };
 
 }  // namespace

@@ -82,6 +82,31 @@ def _deadline(context) -> float | None:
     return None if left is None else time.monotonic() + left
 
 
+# gRPC cancels a call when its deadline passes, and an answer written then never reaches the client: a
+# stream's items still owed are answered this long before it (a tenth of the call's time, at most
+# 0.25 s), each DEADLINE_EXCEEDED with this message, so a client can tell every item scored from every
+# item not. server_cpp/src/score_stream.cc holds the same bound and words.
+ANSWER_MARGIN_MAX_S = 0.25
+STREAM_DEADLINE_MESSAGE = "deadline exceeded before scoring: the stream's deadline is near"
+
+
+def _answer_by(deadline: float | None) -> float | None:
+    if deadline is None:
+        return None
+    return deadline - min(ANSWER_MARGIN_MAX_S, max(0.0, deadline - time.monotonic()) / 10)
+
+
+async def _by(awaitable, answer_by: float | None):
+    """`awaitable`'s result, or DEADLINE_EXCEEDED (STREAM_DEADLINE_MESSAGE) once `answer_by` passes:
+    the item is then cancelled, which takes it off the queue (or ignores its running batch's score)."""
+    if answer_by is None:
+        return await awaitable
+    try:
+        return await asyncio.wait_for(awaitable, answer_by - time.monotonic())
+    except asyncio.TimeoutError:
+        raise ScoreError(Code.DEADLINE_EXCEEDED, STREAM_DEADLINE_MESSAGE) from None
+
+
 class RewardModelServicer(reward_pb2_grpc.RewardModelServicer):
     def __init__(self, core: ScoringCore, max_stream_items_in_flight: int = 32):
         self.core = core
@@ -114,7 +139,7 @@ class RewardModelServicer(reward_pb2_grpc.RewardModelServicer):
         queue (a flooding stream made 41 of 43 other callers fail before this bound)."""
         answers: asyncio.Queue = asyncio.Queue()
         slots = asyncio.Semaphore(self.max_stream_items_in_flight)
-        deadline = _deadline(context)
+        deadline = _answer_by(_deadline(context))  # admission and the items' own deadline use it
         # A stream is its connection's caller, as its calls are (core/admission.py): the item tasks
         # started below inherit it.
         CALLER.set(context.peer())
@@ -125,8 +150,8 @@ class RewardModelServicer(reward_pb2_grpc.RewardModelServicer):
             try:
                 # Text is tokenized on the core's pool, never on this loop (core/tokenizing.py); the item's
                 # bytes count against --max-queued-request-bytes until it is answered.
-                r = await self.core.score_item(seq_input(item.sequence), TRUNC.get(item.truncation, item.truncation),
-                                               "sequence", deadline)
+                r = await _by(self.core.score_item(seq_input(item.sequence), TRUNC.get(item.truncation, item.truncation),
+                                                   "sequence", deadline), deadline)
                 resp = reward_pb2.ScoreStreamResponse(id=item.id, score=r.scores[0], timings=_timings(r),
                                                       model_version=self.core.repo.version)
                 code = "OK"
