@@ -42,11 +42,13 @@ def case(name, cfg, now_us, waiting, expired=(), batch=(), wait_us=None):
     }
 
 
-def cfg(mode="length_aware", size=8, tokens=4096, delay_us=5000, cost=None, us_per_token=0.0, arrivals_per_s=0.0):
-    """`us_per_token`: the admission's rate, which keeps batches inside deadlines (0: unknown).
-    `arrivals_per_s`: the batcher's arrival rate; below one sequence per remaining delay, no wait (0: unknown)."""
+def cfg(mode="length_aware", size=8, tokens=4096, delay_us=5000, cost=None, us_per_token=0.0, arrivals_per_s=0.0,
+        max_batch_us=0):
+    """`us_per_token`: the admission's rate, which keeps batches inside deadlines and `max_batch_us`
+    (0: unknown). `arrivals_per_s`: the batcher's arrival rate; below one sequence per remaining delay,
+    no wait (0: unknown). `max_batch_us`: the longest a batch of several may be expected to take (0: no bound)."""
     c = dict(mode=mode, max_batch_size=size, max_batch_tokens=tokens, max_queue_delay_us=delay_us,
-             us_per_token=us_per_token, arrivals_per_s=arrivals_per_s)
+             us_per_token=us_per_token, arrivals_per_s=arrivals_per_s, max_batch_us=max_batch_us)
     if mode == COST_AWARE:
         c["cost_table"] = cost
     return c
@@ -138,6 +140,17 @@ HAND = [
     case("deadline: cost_aware stops growing at it", cfg(COST_AWARE, size=64, tokens=65536, cost=GPU_TABLE,
                                                          us_per_token=1000.0), 100,
          [(1, 0, 100, 400_100)] + [(i + 1, i * 10, 100, None) for i in range(1, 6)], batch=[1, 2, 3, 4]),
+    # The batch time bound, by the same rate (100 us per padded token here): 512-token sequences stop at
+    # 4 (204.8 ms within 250 ms; 5 would take 256 ms), and the batch runs at once, as a full one does.
+    case("batch time: cost_aware grows only while the batch stays within it",
+         cfg(COST_AWARE, size=32, tokens=16384, cost=GPU_TABLE, us_per_token=100.0, max_batch_us=250_000), 100,
+         [(i, i * 10, 512, None) for i in range(1, 17)], batch=[1, 2, 3, 4]),
+    case("batch time: length_aware alike", cfg(size=32, tokens=16384, us_per_token=100.0, max_batch_us=250_000), 100,
+         [(i, i * 10, 512, None) for i in range(1, 17)], batch=[1, 2, 3, 4]),
+    case("batch time: the oldest runs alone past it", cfg(size=32, tokens=16384, us_per_token=100.0, max_batch_us=10_000),
+         100, [(1, 0, 512, None), (2, 10, 512, None)], batch=[1]),
+    case("batch time: no rate measured, no bound", cfg(size=32, tokens=16384, max_batch_us=10_000), 10_000,
+         [(1, 0, 512, None), (2, 10, 512, None)], batch=[1, 2]),
 ]
 
 
@@ -188,9 +201,10 @@ def cost_queries():
             for t in (CPU_TABLE, GPU_TABLE, NOISY_TABLE)]
 
 
-def generated(n_cases=300, seed=20261202, timed=False, paced=False):
+def generated(n_cases=300, seed=20261202, timed=False, paced=False, capped=False):
     """Random queues; `timed`: with a rate (and more deadlines), so batches are cut by deadlines;
-    `paced`: with an arrival rate, so some waits become dispatches."""
+    `paced`: with an arrival rate, so some waits become dispatches; `capped`: with a rate and a batch
+    time bound."""
     rng = random.Random(seed)
     out = []
     for k in range(n_cases):
@@ -200,6 +214,9 @@ def generated(n_cases=300, seed=20261202, timed=False, paced=False):
                 rng.choice([0, 1000, 5000, 20000]), cost, rng.choice([0.5, 2.0, 10.0, 40.0]) if timed else 0.0)
         if paced:
             c["arrivals_per_s"] = rng.choice([20.0, 200.0, 1000.0, 20000.0])
+        if capped:
+            c["us_per_token"] = rng.choice([0.5, 2.0, 10.0, 40.0])
+            c["max_batch_us"] = rng.choice([0, 2000, 5000, 20000])
         now = rng.randint(0, 30000)
         waiting = []
         t = 0
@@ -209,9 +226,9 @@ def generated(n_cases=300, seed=20261202, timed=False, paced=False):
             deadline = rng.choice([None, rng.randint(0, 60000)] if timed else [None, None, None, rng.randint(0, 60000)])
             waiting.append((i + 1, t, length, deadline))
         d = plan([Waiting(*w) for w in waiting], now,
-                 PlannerConfig(c["max_batch_size"], c["max_batch_tokens"], c["max_queue_delay_us"], mode),
+                 PlannerConfig(c["max_batch_size"], c["max_batch_tokens"], c["max_queue_delay_us"], mode, c["max_batch_us"]),
                  CostTable.from_json(cost) if mode == COST_AWARE else None, c["us_per_token"], c["arrivals_per_s"])
-        kind = "timed " if timed else "paced " if paced else ""
+        kind = "timed " if timed else "paced " if paced else "capped " if capped else ""
         out.append(case(f"generated {kind}{k}", c, now, waiting, d.expired, d.batch, d.wait_us))
     return out
 
@@ -219,7 +236,7 @@ def generated(n_cases=300, seed=20261202, timed=False, paced=False):
 if __name__ == "__main__":
     path = pathlib.Path(__file__).parent / "batching_vectors.json"
     doc = {"_comment": __doc__.strip(), "hand": HAND, "generated": generated(n_cases=450) + generated(150, 20261204, timed=True)
-           + generated(150, 20261205, paced=True),
+           + generated(150, 20261205, paced=True) + generated(150, 20261206, capped=True),
            "cost_tables": cost_queries(), "admission": ADMISSION}
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {len(HAND)} hand, {len(doc['generated'])} generated and {len(ADMISSION)} admission cases to {path}")

@@ -9,6 +9,7 @@
 #include <functional>
 #include <iomanip>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -122,6 +123,14 @@ const std::map<std::string, Setter>& Setters() {
       {"--max-batch-size", [](Config& c, auto& f, auto& v) { c.max_batch_size = int(ParseInt(f, v, 1, 1 << 20)); }},
       {"--max-batch-tokens", [](Config& c, auto& f, auto& v) { c.max_batch_tokens = ParseInt(f, v, 1, INT64_C(1) << 40); }},
       {"--max-queue-delay-ms", [](Config& c, auto& f, auto& v) { c.max_queue_delay_ms = ParseNumber(f, v, 0); }},
+      {"--max-batch-ms",
+       [](Config& c, auto& f, auto& v) {
+         const double x = ParseNumber(f, v, -std::numeric_limits<double>::infinity());
+         std::ostringstream rule;
+         rule << "must be >= 0 and <= " << std::fixed << std::setprecision(0) << kMaxChannelSeconds * 1000 << ", got " << v;
+         if (x < 0 || x > kMaxChannelSeconds * 1000) Fail(f, rule.str());
+         c.max_batch_ms = x;
+       }},
       {"--max-queue-sequences", [](Config& c, auto& f, auto& v) { c.max_queue_sequences = ParseInt(f, v, 1, INT64_C(1) << 40); }},
       {"--max-queue-wait-seconds", [](Config& c, auto& f, auto& v) {
          c.max_queue_wait_seconds = ParseChannelSeconds(f, v, true);
@@ -260,6 +269,7 @@ void CheckAccessFlags(Config& c) {
 }  // namespace
 
 int64_t Config::max_queue_delay_us() const { return static_cast<int64_t>(std::llround(max_queue_delay_ms * 1000.0)); }
+int64_t Config::max_batch_us() const { return static_cast<int64_t>(std::llround(max_batch_ms * 1000.0)); }
 
 double Config::shutdown_reserve_s() const { return std::min(kShutdownReserveMaxS, drain_grace_seconds / 2); }
 
@@ -336,7 +346,7 @@ std::string Usage() {
          "     $RMSCORE_CACHE_DIR/cost-profiles, else $XDG_CACHE_HOME/rmscore/..., else ~/.cache/rmscore/...)\n"
          "  --model-workers elastic|N|auto (elastic: a lone batch gets every intra-op thread, concurrent batches one\n"
          "      each; N: sessions in parallel, each with intra-op-threads / N threads; auto: N measured)\n"
-         "  --max-queue-delay-ms 2  --max-queue-sequences 4096  --max-sequences-per-request 1024\n"
+         "  --max-queue-delay-ms 2  --max-batch-ms 500  --max-queue-sequences 4096  --max-sequences-per-request 1024\n"
          "  --max-queue-wait-seconds 60 (refuse when the queued model time exceeds it; 0: no bound)\n"
          "  --max-request-bytes 16777216  --intra-op-threads 2  --inter-op-threads 1\n"
          "  --max-queued-request-bytes 1073741824 (bytes of accepted requests held until answered, 8 per id;\n"

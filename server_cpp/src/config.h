@@ -32,6 +32,9 @@ struct Config {
   int max_batch_size = 32;
   int64_t max_batch_tokens = 8192;
   double max_queue_delay_ms = 2;
+  // A batch grows only while its expected model time (the measured time per token) stays within this,
+  // so a caller waits at most about this for the batches running (planner.h). 0: no bound.
+  double max_batch_ms = 500;
   int64_t max_queue_sequences = 4096;
   // Admission by work (admission.h): refused RESOURCE_EXHAUSTED when the model time queued ahead
   // exceeds this. 0: no bound (deadlines are still checked).
@@ -94,6 +97,7 @@ struct Config {
   bool tls() const { return !tls_cert_file.empty(); }
 
   int64_t max_queue_delay_us() const;
+  int64_t max_batch_us() const;
   // The part of --drain-grace-seconds kept for failing what is left and closing the transports after
   // the drain (docs/contract.md): min(kShutdownReserveMaxS, grace / 2), as in the Python servers.
   double shutdown_reserve_s() const;

@@ -403,7 +403,8 @@ void ServeAndDrain(const Config& cfg, const Manifest& manifest, const Loaded& lo
                    grpc::Server& server, Metrics& metrics, const sigset_t& signals, Clock::time_point t0,
                    const LivenessParts& live) {
   Batcher::Options bopts;
-  bopts.planner = PlannerConfig{cfg.max_batch_size, cfg.max_batch_tokens, cfg.max_queue_delay_us(), cfg.batching};
+  bopts.planner = PlannerConfig{cfg.max_batch_size, cfg.max_batch_tokens, cfg.max_queue_delay_us(), cfg.batching,
+                                cfg.max_batch_us()};
   bopts.max_queue_sequences = cfg.max_queue_sequences;
   bopts.pad_token_id = manifest.pad_token_id;
   bopts.cost = loaded.cost;

@@ -11,14 +11,18 @@ bool Fits(int64_t count, int64_t longest, const PlannerConfig& cfg) {
   return count <= cfg.max_batch_size && count * longest <= cfg.max_batch_tokens;
 }
 
-// Keeps a batch inside its members' deadlines by the admission's measured rate (planner.py's _Clock):
-// a batch of `count` padded to `longest` must end before `deadline_us`, the earliest of its members'.
+// Keeps a batch short and inside its members' deadlines by the admission's measured rate (planner.py's
+// _Clock): a batch of `count` padded to `longest` must take at most `max_batch_us` and end before
+// `deadline_us`, the earliest of its members'.
 struct BatchClock {
   int64_t now_us;
   double us_per_token;  // 0: unknown, no limit
+  int64_t max_batch_us;  // 0: no bound
   bool InTime(int64_t count, int64_t longest, std::optional<int64_t> deadline_us) const {
-    if (!deadline_us || us_per_token <= 0) return true;
-    return double(count * longest) * us_per_token <= double(*deadline_us - now_us);
+    if (us_per_token <= 0) return true;
+    const double run_us = double(count * longest) * us_per_token;
+    if (max_batch_us > 0 && run_us > double(max_batch_us)) return false;
+    return !deadline_us || run_us <= double(*deadline_us - now_us);
   }
 };
 
@@ -220,7 +224,7 @@ Decision PlanLive(const QueueIndex& index, int64_t now_us, const PlannerConfig& 
                   double us_per_token, double arrivals_per_s) {
   Decision d;
   if (index.size() == 0) return d;
-  const BatchClock clock{now_us, us_per_token};
+  const BatchClock clock{now_us, us_per_token, cfg.max_batch_us};
   Chosen chosen;
   if (cfg.mode == BatchingMode::kFifo) {
     chosen = Fifo(index, cfg, clock);

@@ -22,6 +22,7 @@ struct PlannerConfig {
   int64_t max_batch_tokens = 8192;
   int64_t max_queue_delay_us = 2000;
   BatchingMode mode = BatchingMode::kLengthAware;
+  int64_t max_batch_us = 0;  // a batch grows only while its expected time stays within it (0: no bound)
 };
 
 // One queued sequence. No deadline: std::nullopt.

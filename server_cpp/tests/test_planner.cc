@@ -35,6 +35,7 @@ TEST(Planner, MatchesEverySharedVector) {
       cfg.max_batch_size = cj.at("max_batch_size");
       cfg.max_batch_tokens = cj.at("max_batch_tokens");
       cfg.max_queue_delay_us = cj.at("max_queue_delay_us");
+      cfg.max_batch_us = cj.at("max_batch_us");
       const std::string mode = cj.at("mode");
       ASSERT_TRUE(mode == "fifo" || mode == "length_aware" || mode == "cost_aware") << mode;
       cfg.mode = mode == "fifo"         ? BatchingMode::kFifo

@@ -13,6 +13,8 @@ BAD = [
     (dict(max_batch_size=0), "--max-batch-size: must be >= 1, got 0"),
     (dict(intra_op_threads=0), "--intra-op-threads: must be >= 1, got 0"),
     (dict(max_queue_delay_ms=-1), "--max-queue-delay-ms: must be >= 0, got -1"),
+    (dict(max_batch_ms=-1), "--max-batch-ms: must be >= 0 and <= 2147483000, got -1"),
+    (dict(max_batch_ms=3e9), "--max-batch-ms: must be >= 0 and <= 2147483000, got 3000000000.0"),
     (dict(port=70000), "--port: must be"),
     (dict(batching="lifo"), "--batching: must be one of"),
     # Python quotes the parsed float ("got 0.0"), C++ the flag as typed ("got 0"): both start so.

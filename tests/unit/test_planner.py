@@ -15,7 +15,7 @@ CASES = VECTORS["hand"] + VECTORS["generated"]
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_planner_matches_vector(case):
     c = case["config"]
-    cfg = PlannerConfig(c["max_batch_size"], c["max_batch_tokens"], c["max_queue_delay_us"], c["mode"])
+    cfg = PlannerConfig(c["max_batch_size"], c["max_batch_tokens"], c["max_queue_delay_us"], c["mode"], c["max_batch_us"])
     table = CostTable.from_json(c["cost_table"]) if "cost_table" in c else None
     d = plan([Waiting(**w) for w in case["waiting"]], case["now_us"], cfg, table, c["us_per_token"], c["arrivals_per_s"])
     assert (d.expired, d.batch, d.wait_us) == (
@@ -54,6 +54,25 @@ def test_a_batch_of_several_ends_before_its_earliest_deadline():
                            PlannerConfig(c["max_batch_size"], c["max_batch_tokens"], c["max_queue_delay_us"], c["mode"]),
                            CostTable.from_json(c["cost_table"]) if "cost_table" in c else None)
             cut += len(untimed.batch) > len(case["expect"]["batch"])
+    assert cut >= 10, cut
+
+
+def test_a_batch_of_several_stays_within_the_batch_time_bound():
+    """With a rate and a bound, every batch of more than one sequence is expected to take at most the
+    bound, and some capped cases are cut by it."""
+    cut = 0
+    for case in CASES:
+        c, batch = case["config"], case["expect"]["batch"]
+        if c["us_per_token"] <= 0 or c["max_batch_us"] <= 0 or not batch:
+            continue
+        members = [w for w in case["waiting"] if w["id"] in batch]
+        if len(batch) > 1:
+            assert len(batch) * max(w["length"] for w in members) * c["us_per_token"] <= c["max_batch_us"], case["name"]
+        unbounded = plan([Waiting(**w) for w in case["waiting"]], case["now_us"],
+                         PlannerConfig(c["max_batch_size"], c["max_batch_tokens"], c["max_queue_delay_us"], c["mode"]),
+                         CostTable.from_json(c["cost_table"]) if "cost_table" in c else None, c["us_per_token"],
+                         c["arrivals_per_s"])
+        cut += len(unbounded.batch) > len(batch)
     assert cut >= 10, cut
 
 

@@ -110,6 +110,9 @@ class ServeConfig:
     max_batch_size: int = 32
     max_batch_tokens: int = 8192
     max_queue_delay_ms: float = 2.0
+    #: A batch grows only while its expected model time (the measured time per token) stays within
+    #: this, so a caller waits at most about this for the batches running (planner.py). 0: no bound.
+    max_batch_ms: float = 500.0
     max_queue_sequences: int = 4096
     #: Admission by work (core/admission.py): a request is refused RESOURCE_EXHAUSTED at once when the
     #: model time already queued ahead of it exceeds this. 0: no bound (deadlines are still checked).
@@ -221,6 +224,8 @@ class ServeConfig:
                             ("warmup-rounds", self.warmup_rounds)):
             check(value >= 1, flag, "must be >= 1", value)
         check(self.max_queue_delay_ms >= 0, "max-queue-delay-ms", "must be >= 0", self.max_queue_delay_ms)
+        check(0 <= self.max_batch_ms <= MAX_CHANNEL_SECONDS * 1000, "max-batch-ms",
+              f"must be >= 0 and <= {MAX_CHANNEL_SECONDS * 1000}", self.max_batch_ms)
         check(0 <= self.max_queue_wait_seconds <= MAX_CHANNEL_SECONDS, "max-queue-wait-seconds",
               f"must be >= 0 and <= {MAX_CHANNEL_SECONDS}", self.max_queue_wait_seconds)
         check(self.drain_grace_seconds > 0, "drain-grace-seconds", "must be > 0", self.drain_grace_seconds)
@@ -295,7 +300,7 @@ class ServeConfig:
     @property
     def planner(self) -> PlannerConfig:
         return PlannerConfig(self.max_batch_size, self.max_batch_tokens,
-                             round(self.max_queue_delay_ms * 1000), self.batching)
+                             round(self.max_queue_delay_ms * 1000), self.batching, round(self.max_batch_ms * 1000))
 
     @property
     def server_label(self) -> str:
@@ -316,9 +321,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  "inter_op_threads", "warmup_rounds", "max_concurrent_streams", "max_stream_items_in_flight",
                  "max_buffered_request_bytes"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=d[name].default, help="(default: %(default)s)")
-    for name in ("max_queue_delay_ms", "max_queue_wait_seconds", "drain_grace_seconds", "max_connection_age_seconds",
-                 "max_connection_age_grace_seconds", "cost_profile_seconds", "body_timeout_seconds",
-                 "liveness_stall_seconds"):
+    for name in ("max_queue_delay_ms", "max_batch_ms", "max_queue_wait_seconds", "drain_grace_seconds",
+                 "max_connection_age_seconds", "max_connection_age_grace_seconds", "cost_profile_seconds",
+                 "body_timeout_seconds", "liveness_stall_seconds"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=d[name].default, help="(default: %(default)s)")
     for name in ("batching", "graph_optimization_level", "precision", "device"):
         p.add_argument("--" + name.replace("_", "-"), default=d[name].default, help="(default: %(default)s)")
@@ -359,7 +364,7 @@ def from_args(a: argparse.Namespace) -> ServeConfig:
         model=pathlib.Path(a.model), transport=a.transport, backend=a.backend, host=a.host, port=port,
         metrics_port=a.metrics_port, port_file=pathlib.Path(a.port_file) if a.port_file else None,
         batching=a.batching, max_batch_size=a.max_batch_size, max_batch_tokens=a.max_batch_tokens,
-        max_queue_delay_ms=a.max_queue_delay_ms, max_queue_sequences=a.max_queue_sequences,
+        max_queue_delay_ms=a.max_queue_delay_ms, max_batch_ms=a.max_batch_ms, max_queue_sequences=a.max_queue_sequences,
         max_queue_wait_seconds=a.max_queue_wait_seconds,
         max_sequences_per_request=a.max_sequences_per_request, max_request_bytes=a.max_request_bytes,
         max_queued_request_bytes=a.max_queued_request_bytes,

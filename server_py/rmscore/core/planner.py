@@ -20,6 +20,13 @@ measured model microseconds per token, admission.py; 0: unknown) a batch grows o
 padded tokens times that rate end before the earliest deadline among its members. The oldest
 sequence still runs, alone if need be. Without it a 4-token request with a 2 s deadline, batched
 with fifteen 512-token ones, waited out its deadline inside a 4 s batch (docs/hardening.md).
+
+By the same rate, a batch grows only while it is expected to take at most `max_batch_us` (0: no
+bound). A batch holds the model, and on a CPU every thread, until it ends, and each caller's next
+turn comes after the batches running: 16 x 512 tokens took 3.6 s on a 2-core CPU, so a caller with
+a 2 s deadline could only be refused while a flood kept such batches coming (issue 29). On a CPU the
+time per token hardly falls past a few sequences, so the bound costs no throughput there; on a GPU
+a batch of the same tokens takes a fraction of it, and the bound rarely binds.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ class PlannerConfig:
     max_batch_tokens: int
     max_queue_delay_us: int
     mode: str = LENGTH_AWARE
+    max_batch_us: int = 0  # a batch grows only while its expected time stays within it (0: no bound)
 
 
 @dataclass(frozen=True)
@@ -161,7 +169,7 @@ def plan_live(index: QueueIndex, now_us: int, cfg: PlannerConfig, cost: CostTabl
     decision = Decision()
     if not len(index):
         return decision
-    clock = _Clock(now_us, us_per_token)
+    clock = _Clock(now_us, us_per_token, cfg.max_batch_us)
     if cfg.mode == FIFO:
         chosen, full = _fifo(index, cfg, clock)
     elif cfg.mode == COST_AWARE:
@@ -216,14 +224,19 @@ def _fits(count: int, longest: int, cfg: PlannerConfig) -> bool:
 class _Clock:
     now_us: int
     us_per_token: float
+    max_batch_us: int = 0
 
     def in_time(self, count: int, longest: int, deadline_us: int | None) -> bool:
-        """A batch of `count` padded to `longest` ends before `deadline_us` (the earliest of its
-        members'), by the measured rate; always true when either is unknown. C++ computes the same
-        double product (planner.cc), so both compare alike."""
-        if deadline_us is None or self.us_per_token <= 0:
+        """A batch of `count` padded to `longest` takes at most `max_batch_us` and ends before
+        `deadline_us` (the earliest of its members'), by the measured rate; always true when the rate
+        is unknown, each bound only when it is set. C++ computes the same double products
+        (planner.cc), so both compare alike."""
+        if self.us_per_token <= 0:
             return True
-        return float(count * longest) * self.us_per_token <= float(deadline_us - self.now_us)
+        run_us = float(count * longest) * self.us_per_token
+        if self.max_batch_us > 0 and run_us > float(self.max_batch_us):
+            return False
+        return deadline_us is None or run_us <= float(deadline_us - self.now_us)
 
 
 def _earliest(a: int | None, b: int | None) -> int | None:

@@ -549,9 +549,9 @@ def run_attack(server, kind: str, name: str, seconds: float, settle_s: float) ->
     return row
 
 
-def run_kind(kind: str, attacks: list[str], seconds: float, settle_s: float, log) -> list[dict]:
+def run_kind(kind: str, attacks: list[str], seconds: float, settle_s: float, log, flags: dict | None = None) -> list[dict]:
     rows = []
-    server = launch.start(kind)
+    server = launch.start(kind, **(flags or {}))
     try:
         from rmscore_tools import caller  # warm: one good call before the baseline
         from rmscore_tools.reliability.faults import _probe_score
@@ -626,15 +626,20 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--settle", type=float, default=10.0)
     ap.add_argument("--json", default="", help="write the rows as JSON here")
+    ap.add_argument("--flag", action="append", default=[], metavar="NAME=VALUE",
+                    help="a server flag, docs/contract.md's name with underscores (repeatable; default: none, "
+                         "every server on its defaults)")
     args = ap.parse_args(argv)
+    flags = dict(f.split("=", 1) for f in args.flag)
     head = (f"CPU: {cpu_model()} x {os.cpu_count()}; load average at start: {loadavg()}; "
-            f"commit {subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()}")
+            f"commit {subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()}"
+            + (f"; server flags {flags}" if flags else ""))
     print(head, flush=True)
     print(table([]), end="", flush=True)
     rows = []
     for kind in args.kinds:
         try:
-            rows += run_kind(kind, args.attacks, args.seconds, args.settle, lambda s: print(s, flush=True))
+            rows += run_kind(kind, args.attacks, args.seconds, args.settle, lambda s: print(s, flush=True), flags)
         except Exception as e:  # noqa: BLE001
             print(f"{kind}: {type(e).__name__}: {e}", flush=True)
     print()
