@@ -8,8 +8,8 @@ rest of it is read and dropped by the server, and the connection stays usable.
 The queue is held over its bound for real: RMSCORE_FAULT_HANG_BATCH stalls the first batch, as a slow
 model would. Callers are admitted by their own share (docs/contract.md, "Shares per caller"): a new
 connection waits only for the batches running, so the stalled batch itself holds all 64 x 512 tokens
-(one batch of the whole request: length_aware, up to 64 sequences), which is over the bound for every
-caller. Each refused request sends a ~3 MB body on its own connection; the time measured is from its
+(one batch of the whole request: length_aware, up to 64 sequences, no batch time bound), which is over
+the bound for every caller. Each refused request sends a ~3 MB body on its own connection; the time measured is from its
 last byte sent to the answer's first byte.
 """
 
@@ -41,7 +41,7 @@ def server():
     if HTTP not in servers.available_kinds():
         pytest.skip(f"{HTTP} not in RMSCORE_TEST_KINDS")
     s = servers.start(HTTP, max_queue_wait_seconds=MAX_WAIT_S, body_timeout_seconds=BODY_TIMEOUT_S,
-                      batching="length_aware", max_batch_size=64, max_batch_tokens=64 * 512,
+                      batching="length_aware", max_batch_size=64, max_batch_tokens=64 * 512, max_batch_ms=0,
                       env={"RMSCORE_FAULT_HANG_BATCH": f"1:{HANG_S}"})
     yield s
     s.stop()
