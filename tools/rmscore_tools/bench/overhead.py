@@ -17,7 +17,8 @@ OUT/overhead.json and OUT/overhead.md, and prints the table.
 
 Batches: the sequences sorted longest first, cut greedily at max_batch_size / max_batch_tokens, so
 each is full by a limit: no sequence of any other batch can join it. The servers run with
---batching fifo and those limits, so each request is exactly one server batch, whatever order
+--batching fifo and those limits, and without the batch time bound (--max-batch-ms 0, which would
+cut a batch of 8192 tokens here), so each request is exactly one server batch, whatever order
 requests arrive in, and a full batch runs without waiting out the queue delay. The last cut, not
 full, is dropped. Servers start through rmscore_tools.launch on 127.0.0.1, plaintext, no token.
 """
@@ -166,7 +167,7 @@ class Served:
         # Health polled every 20 ms: start-up time is a figure here.
         self.server = launch.start(kind, ready_timeout_s=s.server_ready_timeout_s, poll_s=0.02,
                                    log_dir=tempfile.mkdtemp(prefix=f"{kind}-", dir=tmp), model=model,
-                                   **s.server_flags("fifo"))
+                                   **s.server_flags("fifo"), max_batch_ms=0)
         self.startup_s = time.monotonic() - t0
 
     def idle(self) -> dict:
