@@ -155,19 +155,20 @@ HAND = [
 
 
 def admission_case(name, expect_code, *, workers=1, max_wait_us=60_000_000, seed=0.0, observe=(), tokens=0,
-                   running=0, now_us=1_000_000, deadline_us=None):
+                   running=0, now_us=1_000_000, deadline_us=None, max_batch_us=0, own_batch_tokens=0):
     """One admission decision (core/admission.py), its message from the Python reference; the
     intended code is written by hand and checked here."""
-    w = QueueWork(workers, max_wait_us, seed)
+    w = QueueWork(workers, max_wait_us, seed, max_batch_us)
     for batch_us, n in observe:
         w.observe(batch_us, n)
     w.add(tokens)
     w.batch_started(running)
-    r = w.refusal(now_us, deadline_us)
+    r = w.refusal(now_us, deadline_us, None, own_batch_tokens)
     code = "OK" if r is None else r.code.name
     assert code == expect_code, (name, code, r)
     return {"name": name, "workers": workers, "max_wait_us": max_wait_us, "seed_us_per_token": seed,
             "observe": [list(o) for o in observe], "tokens": tokens, "running": running, "now_us": now_us, "deadline_us": deadline_us,
+            "max_batch_us": max_batch_us, "own_batch_tokens": own_batch_tokens,
             "expect": {"code": code, "message": "" if r is None else r.message, "wait_us": w.wait_us()}}
 
 
@@ -189,6 +190,14 @@ ADMISSION = [
                    deadline_us=2_500_000),
     admission_case("queued and running work add up: refused", "DEADLINE_EXCEEDED", seed=100.0, tokens=10_000,
                    running=10_000, deadline_us=2_500_000),
+    admission_case("its own batch counts against the deadline: refused", "DEADLINE_EXCEEDED", seed=100.0,
+                   tokens=20_000, deadline_us=3_500_000, own_batch_tokens=5_100),
+    admission_case("its own batch fits before the deadline: accepted", "OK", seed=100.0, tokens=20_000,
+                   deadline_us=3_500_000, own_batch_tokens=4_000),
+    admission_case("its own batch is at most the batch time bound: accepted", "OK", seed=100.0, tokens=20_000,
+                   deadline_us=3_500_000, own_batch_tokens=8_192, max_batch_us=500_000),
+    admission_case("its own batch is not work ahead: no bound refuses it", "OK", seed=100.0, max_wait_us=1_000_000,
+                   tokens=9_000, own_batch_tokens=8_192),
     admission_case("empty batches are not observed", "OK", observe=[(0, 10), (500, 0)], tokens=10**6,
                    deadline_us=1_000_001),
 ]

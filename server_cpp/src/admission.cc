@@ -24,42 +24,31 @@ void QueueWork::Remove(int64_t tokens, const std::string& caller) {
   if (it->second <= 0) by_caller_.erase(it);
 }
 
-int64_t QueueWork::Queued(const std::string& caller) const {
-  auto it = by_caller_.find(caller);
-  return it == by_caller_.end() ? 0 : it->second;
+int64_t QueueWork::WaitUs(std::optional<int64_t> queued_ahead) const {
+  return int64_t(double(running_ + queued_ahead.value_or(tokens_)) * us_per_token_ / double(workers_));
 }
 
-int64_t QueueWork::Ahead(const std::string& caller) const {
-  const int64_t own = Queued(caller);
-  int64_t ahead = running_ + own;
-  for (const auto& [c, t] : by_caller_) {
-    if (c != caller) ahead += std::min(t, own);
-  }
-  return ahead;
+int64_t QueueWork::OwnBatchUs(int64_t padded_tokens) const {
+  const int64_t own = int64_t(double(padded_tokens) * us_per_token_);
+  return max_batch_us_ > 0 ? std::min(own, max_batch_us_) : own;
 }
 
-int64_t QueueWork::WaitUs() const {
-  return int64_t(double(tokens_ + running_) * us_per_token_ / double(workers_));
-}
-
-int64_t QueueWork::WaitUs(const std::string& caller) const {
-  return int64_t(double(Ahead(caller)) * us_per_token_ / double(workers_));
-}
-
-grpc::Status QueueWork::Refusal(int64_t now_us, std::optional<int64_t> deadline_us, const std::string& caller) const {
-  const int64_t wait = WaitUs(caller);
+grpc::Status QueueWork::Refusal(int64_t now_us, std::optional<int64_t> deadline_us,
+                                std::optional<int64_t> queued_ahead, int64_t own_batch_tokens) const {
+  const int64_t wait = WaitUs(queued_ahead);
   if (wait <= 0) return grpc::Status::OK;
   if (max_wait_us_ > 0 && wait > max_wait_us_) {
     return {grpc::StatusCode::RESOURCE_EXHAUSTED, "queue full: about " + std::to_string(wait / 1000) +
                                                       " ms of model work waiting exceeds max_queue_wait_seconds (" +
                                                       std::to_string(max_wait_us_ / 1000) + " ms)"};
   }
-  if (deadline_us && wait > *deadline_us - now_us) {
+  const int64_t own = OwnBatchUs(own_batch_tokens);
+  if (deadline_us && wait + own > *deadline_us - now_us) {
     const int64_t left = *deadline_us - now_us;
-    return {grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded before scoring: about " +
-                                                     std::to_string(wait / 1000) + " ms of model work waiting, " +
-                                                     std::to_string((left > 0 ? left : 0) / 1000) +
-                                                     " ms left before the deadline"};
+    return {grpc::StatusCode::DEADLINE_EXCEEDED,
+            "deadline exceeded before scoring: about " + std::to_string(wait / 1000) +
+                " ms of model work waiting and up to " + std::to_string(own / 1000) + " ms for its own batch, " +
+                std::to_string((left > 0 ? left : 0) / 1000) + " ms left before the deadline"};
   }
   return grpc::Status::OK;
 }

@@ -6,18 +6,24 @@
 // The expected wait of a new request is the real tokens ahead of it (queued,
 // and in the batches running now, counted whole until they end) times the model
 // microseconds per token this server measures (seeded at warm-up, then an
-// exponential average over every batch run), shared among the model workers. Refused at once: RESOURCE_EXHAUSTED past max_wait_us (0: no
-// bound), DEADLINE_EXCEEDED past the time its deadline leaves. An idle server
+// exponential average over every batch run), shared among the model workers.
+// Refused at once: RESOURCE_EXHAUSTED past max_wait_us (0: no bound),
+// DEADLINE_EXCEEDED when it and the request's own batch (OwnBatchUs) pass the time
+// its deadline leaves. An idle server
 // accepts any valid request: only the work ahead counts.
 //
 // Callers are served in turn (issue 29, defect 4): a caller is a connection (the
 // call's peer), every call and stream on it included, and the batcher orders the
 // queue by each caller's own work (batcher.h, "fair order"). So the work ahead of
-// a new request is its caller's share: the batches running, the caller's own
-// queued tokens, and of each other caller at most as many (their turns come
-// between its own). A new caller waits for the running batches whatever the
-// others hold; a caller that floods is refused for its own work, alone; a request
-// larger than the bound is fed to the model in its caller's turns.
+// a new request is what ranks before it: the batches running, and the queued
+// sequences ranked at or before where its first would rank (its caller's own
+// queued work, and each other caller's up to there, a sequence that starts there
+// counted whole). The batcher reads that from its index
+// (QueueIndex::TokensThrough) and hands it to Refusal. A new caller waits for the
+// running batches and the sequences tied at the head of the turns (with many
+// callers holding one there, one of each: 80 callers of 512 tokens are seconds of
+// work); a caller that floods is refused for its own work, alone; a request larger
+// than the bound is fed to the model in its caller's turns.
 #pragma once
 
 #include <grpcpp/support/status.h>
@@ -37,16 +43,16 @@ class QueueWork {
  public:
   static constexpr double kAlpha = 0.2;  // weight of one observed batch: about the last 5 count
 
-  QueueWork(int64_t workers, int64_t max_wait_us, double seed_us_per_token = 0)
-      : workers_(workers < 1 ? 1 : workers), max_wait_us_(max_wait_us), us_per_token_(seed_us_per_token) {}
+  // `max_batch_us` (0: none) bounds a request's own batch, which a deadline must also leave time for
+  // (admission.py says why).
+  QueueWork(int64_t workers, int64_t max_wait_us, double seed_us_per_token = 0, int64_t max_batch_us = 0)
+      : workers_(workers < 1 ? 1 : workers),
+        max_wait_us_(max_wait_us),
+        max_batch_us_(max_batch_us),
+        us_per_token_(seed_us_per_token) {}
 
   void Add(int64_t tokens, const std::string& caller = "");
   void Remove(int64_t tokens, const std::string& caller = "");
-  // Real tokens `caller` has queued.
-  int64_t Queued(const std::string& caller) const;
-  // Real tokens that run before a new request of `caller` starts, callers served in turn: the batches
-  // running, the caller's own queued tokens, and of every other caller at most as many.
-  int64_t Ahead(const std::string& caller) const;
   // Callers with tokens queued.
   size_t callers() const { return by_caller_.size(); }
   // A batch of `tokens` real tokens left the queue (Removed already) for a worker; it ended.
@@ -54,12 +60,16 @@ class QueueWork {
   void BatchEnded(int64_t tokens) { running_ -= tokens; }
   // A batch holding `tokens` real tokens ran in `batch_us` (the first observation sets the rate).
   void Observe(double batch_us, int64_t tokens);
-  // Expected model time, per worker, of all that is queued or running (the gauge).
-  int64_t WaitUs() const;
-  // Expected model time, per worker, of what a new request of `caller` waits for (Ahead).
-  int64_t WaitUs(const std::string& caller) const;
-  // Why a request of `caller` arriving at `now_us` (deadline on the same clock) is refused, or OK.
-  grpc::Status Refusal(int64_t now_us, std::optional<int64_t> deadline_us, const std::string& caller = "") const;
+  // Expected model time, per worker, of the running batches and `queued_ahead` real tokens of the queue
+  // (a request's share: the batcher's QueueIndex::TokensThrough); nullopt: everything queued (the gauge).
+  int64_t WaitUs(std::optional<int64_t> queued_ahead = std::nullopt) const;
+  // The time of a request's own batch of `padded_tokens` at the rate, at most the batch time bound.
+  int64_t OwnBatchUs(int64_t padded_tokens) const;
+  // Why a request arriving at `now_us` (deadline on the same clock) behind the running batches and
+  // `queued_ahead` queued real tokens (nullopt: all of them), to run in a batch of at most
+  // `own_batch_tokens` padded tokens, is refused, or OK.
+  grpc::Status Refusal(int64_t now_us, std::optional<int64_t> deadline_us,
+                       std::optional<int64_t> queued_ahead = std::nullopt, int64_t own_batch_tokens = 0) const;
 
   int64_t tokens() const { return tokens_; }
   double us_per_token() const { return us_per_token_; }
@@ -67,6 +77,7 @@ class QueueWork {
  private:
   const int64_t workers_;
   const int64_t max_wait_us_;
+  const int64_t max_batch_us_;
   int64_t tokens_ = 0;         // real tokens of the sequences in the queue
   int64_t running_ = 0;        // real tokens of the batches the workers are running
   double us_per_token_ = 0;    // 0 until seeded or observed: nothing is refused by work before

@@ -31,7 +31,7 @@ Batcher::Batcher(const Options& opts, std::vector<BatchModel> models, Metrics* m
       lone_(std::move(lone)),
       abort_(std::move(abort)),
       metrics_(metrics),
-      work_(int64_t(models_.size()), opts.max_queue_wait_us, opts.seed_us_per_token) {
+      work_(int64_t(models_.size()), opts.max_queue_wait_us, opts.seed_us_per_token, opts.planner.max_batch_us) {
   for (const BatchModel& model : models_) threads_.emplace_back([this, &model] { Loop(model); });
 }
 
@@ -52,7 +52,11 @@ grpc::Status Batcher::Submit(const std::shared_ptr<Job>& job) {
       job->deadline_us_ = std::chrono::duration_cast<std::chrono::microseconds>(*job->deadline_ - epoch_).count();
     }
     grpc::Status refused = RefusalLocked(int64_t(job->seqs_.size()));
-    if (refused.ok()) refused = work_.Refusal(arrival, job->deadline_us_, job->caller_);
+    if (refused.ok()) {
+      int64_t longest = 0;
+      for (const auto& s : job->seqs_) longest = std::max(longest, s.length);
+      refused = WorkRefusalLocked(arrival, job->deadline_us_, job->caller_, longest);
+    }
     if (!refused.ok()) {
       job->finished_ = true;  // never answered: a later Cancel does nothing
       job->error_ = refused;
@@ -64,8 +68,7 @@ grpc::Status Batcher::Submit(const std::shared_ptr<Job>& job) {
     job->remaining_ = job->seqs_.size();
     job->first_seq_id_ = next_seq_id_;
     arrivals_.Add(int64_t(job->seqs_.size()), arrival);
-    // The head: the last rank taken into a batch, or the first queued when that is lower.
-    const int64_t head = index_.size() ? std::min(index_.FirstRank(), last_rank_) : last_rank_;
+    const int64_t head = HeadLocked();
     auto turn = turn_end_.find(job->caller_);
     int64_t rank = turn == turn_end_.end() ? head : std::max(head, turn->second);
     for (size_t i = 0; i < job->seqs_.size(); ++i) {
@@ -93,7 +96,25 @@ grpc::Status Batcher::WorkRefusal(std::optional<Clock::time_point> deadline, con
   if (!accepting_) return Draining();
   std::optional<int64_t> deadline_us;
   if (deadline) deadline_us = std::chrono::duration_cast<std::chrono::microseconds>(*deadline - epoch_).count();
-  return work_.Refusal(NowUs(), deadline_us, caller);
+  return WorkRefusalLocked(NowUs(), deadline_us, caller);
+}
+
+int64_t Batcher::HeadLocked() const {
+  return index_.size() ? std::min(index_.FirstRank(), last_rank_) : last_rank_;
+}
+
+grpc::Status Batcher::WorkRefusalLocked(int64_t now_us, std::optional<int64_t> deadline_us, const std::string& caller,
+                                        int64_t longest) const {
+  const int64_t head = HeadLocked();
+  auto turn = turn_end_.find(caller);
+  const int64_t rank = turn == turn_end_.end() ? head : std::max(head, turn->second);
+  const PlannerConfig& cfg = opts_.planner;
+  int64_t own = longest;
+  if (cfg.max_batch_size > 1) {
+    const int64_t padded = std::max(longest, index_.by_length().empty() ? int64_t(0) : index_.by_length().back().length);
+    own = std::max(longest, std::min(cfg.max_batch_tokens, cfg.max_batch_size * padded));
+  }
+  return work_.Refusal(now_us, deadline_us, index_.TokensThrough(rank), own);
 }
 
 // Precondition: mu_ held. Why a job of `n` sequences cannot be accepted now (OK when it can): overload

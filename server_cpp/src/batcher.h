@@ -23,7 +23,7 @@
 // the others hold: a request larger than the work bound is fed to the model in
 // its caller's turns, behind other callers' sequences. With one caller the order
 // is arrival order. Admission computes the same turns (admission.h
-// QueueWork::Ahead). A caller is a connection (the call's peer).
+// QueueIndex::TokensThrough). A caller is a connection (the call's peer).
 //
 // Locking: everything shared lives under `mu_`. It is held to admit, plan,
 // take and pack a batch, and to mark requests finished; never across the
@@ -164,6 +164,16 @@ class Batcher {
   void Loop(const BatchModel& model);
   // Precondition for the *Locked steps: mu_ held (NextBatchLocked through `lk`).
   grpc::Status RefusalLocked(int64_t n) const;
+  // Precondition: mu_ held. The head of the turns: the last rank taken into a batch, or the first
+  // queued when that is lower.
+  int64_t HeadLocked() const;
+  // Precondition: mu_ held. Why a request of `caller` whose longest sequence is `longest` (0: not read
+  // yet) is refused by the work ahead of it, or OK: the running batches and every queued sequence
+  // ranked at or before where its first would rank (admission.h), and its own batch: its longest
+  // sequence alone, or with partners padded to the longest of it and the queue, at most
+  // max_batch_tokens.
+  grpc::Status WorkRefusalLocked(int64_t now_us, std::optional<int64_t> deadline_us, const std::string& caller,
+                                 int64_t longest = 0) const;
   std::optional<Batch> NextBatchLocked(std::unique_lock<std::mutex>& lk, Answers* answers);
   Batch TakeBatchLocked(const std::vector<uint64_t>& ids, int64_t now_us);
   // Removes a sequence from the queue (false when it is not there).

@@ -199,6 +199,14 @@ bool QueueIndex::Remove(uint64_t id) {
   return true;
 }
 
+int64_t QueueIndex::TokensThrough(int64_t rank) const {
+  int64_t tokens = 0;
+  for (auto it = by_arrival_.begin(); it != by_arrival_.end() && it->first.first <= rank; ++it) {
+    tokens += by_id_.at(it->second).first.length;
+  }
+  return tokens;
+}
+
 size_t QueueIndex::Position(const Waiting& w) const {
   return size_t(std::lower_bound(by_length_.begin(), by_length_.end(), Entry{w.length, Rank(w.id), w.id}) -
                 by_length_.begin());

@@ -70,6 +70,10 @@ class QueueIndex {
   const Waiting& Oldest() const { return Get(by_arrival_.begin()->second); }
   // The lowest rank queued (the index must not be empty).
   int64_t FirstRank() const { return by_arrival_.begin()->first.first; }
+  // Real tokens of the sequences ranked at or before `rank`: what runs before a sequence added now at
+  // `rank` (equal ranks keep their ids' order, and a new id is the highest). Walks them: admission's
+  // cost, at most the queue.
+  int64_t TokensThrough(int64_t rank) const;
   // (rank, id) -> id, in queue order.
   const std::map<std::pair<int64_t, uint64_t>, uint64_t>& by_arrival() const { return by_arrival_; }
   const std::vector<Entry>& by_length() const { return by_length_; }

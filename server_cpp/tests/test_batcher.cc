@@ -291,7 +291,7 @@ TEST(Batcher, QueuedWorkPastTheBoundOrTheDeadlineIsRefusedAtOnce) {
   auto late = Submit(*h.batcher, {{3}}, Clock::now() + 200ms);
   EXPECT_EQ(late->admitted.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_EQ(late->admitted.error_message().rfind(
-                "deadline exceeded before scoring: about 501 ms of model work waiting, ", 0), 0u)
+                "deadline exceeded before scoring: about 501 ms of model work waiting and up to 0 ms for its own batch, ", 0), 0u)
       << late->admitted.error_message();
   // What a call asks before reading its request: the same refusals, without its size.
   EXPECT_TRUE(h.batcher->WorkRefusal(Clock::now() + 30s).ok());
@@ -659,18 +659,55 @@ TEST(FairShare, AFloodingCallerIsRefusedForItsOwnWorkWhileAnotherIsAccepted) {
   EXPECT_EQ(h.Batches(), (Batches{{1}, {4}, {2}}));
 }
 
-TEST(FairShare, QueueWorkAheadCountsEachOtherCallerUpToTheCallersOwn) {
+TEST(FairShare, ANewCallerWaitsForTheSequencesTiedAtTheHeadOfTheTurns) {
+  // Five callers, each with one 2,000-token sequence ranked at the head (every one of them new), are 1 s
+  // of work ahead of a sixth caller's sequence, which ranks after them: counting only the running batch
+  // (1 ms) admitted requests that then waited seconds (the attacks run's streams_80_conns).
+  Harness h(/*max_batch_size=*/1, /*delay_us=*/0, /*max_queue=*/4096, nullptr, /*workers=*/1,
+            /*max_wait_us=*/2'000'000, /*seed=*/100.0);
+  h.gated = true;
+  auto running = SubmitAs(h, "a", {std::vector<int64_t>(10, 1)});
+  ASSERT_TRUE(h.gate.WaitEntered(1));
+  std::vector<std::unique_ptr<Submitted>> tied;
+  for (int64_t k = 2; k <= 6; ++k) {
+    tied.push_back(SubmitAs(h, std::string(1, char('a' + k - 1)), {std::vector<int64_t>(2000, k)}));
+    EXPECT_TRUE(tied.back()->admitted.ok()) << tied.back()->admitted.error_message();
+  }
+  const grpc::Status refused = h.batcher->WorkRefusal(Clock::now() + 500ms, "g");
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(refused.error_message().rfind("deadline exceeded before scoring: about 1001 ms of model work waiting", 0), 0u)
+      << refused.error_message();
+  EXPECT_TRUE(h.batcher->WorkRefusal(Clock::now() + 5s, "g").ok());
+  auto probe = SubmitAs(h, "g", {std::vector<int64_t>(5, 9)}, Clock::now() + 5s);
+  EXPECT_TRUE(probe->admitted.ok()) << probe->admitted.error_message();
+  h.gate.Open();
+  Get(*running);
+  for (auto& t : tied) Get(*t);
+  Get(*probe);
+  EXPECT_EQ(h.Batches(), (Batches{{1}, {2}, {3}, {4}, {5}, {6}, {9}}));
+}
+
+TEST(FairShare, QueueIndexTokensThroughSumsTheSequencesRankedAtOrBefore) {
+  QueueIndex index;
+  index.Add(Waiting{1, 0, 8, std::nullopt}, 10);
+  index.Add(Waiting{2, 0, 30, std::nullopt}, 20);
+  index.Add(Waiting{3, 5, 5, std::nullopt}, 10);
+  std::vector<int64_t> got;
+  for (int64_t r : {int64_t(9), int64_t(10), int64_t(19), int64_t(20), int64_t(1'000'000'000)}) got.push_back(index.TokensThrough(r));
+  EXPECT_EQ(got, (std::vector<int64_t>{0, 13, 13, 43, 43}));
+  index.Remove(1);
+  EXPECT_EQ(index.TokensThrough(10), 5);
+}
+
+TEST(FairShare, QueueWorkWaitsForTheRunningBatchesAndTheTokensAhead) {
   QueueWork w(/*workers=*/2, /*max_wait_us=*/0, /*seed_us_per_token=*/10.0);
   w.Add(1000, "a");
   w.Add(300, "b");
   w.BatchStarted(100);
-  EXPECT_EQ(w.Ahead("new"), 100);
-  EXPECT_EQ(w.Ahead("b"), 100 + 300 + 300);  // its own, and as much of a's
-  EXPECT_EQ(w.Ahead("a"), 100 + 1000 + 300);
-  EXPECT_EQ(w.WaitUs("b"), 700 * 10 / 2);
-  EXPECT_EQ(w.WaitUs(), 1400 * 10 / 2);  // no caller: everything (the gauge)
+  EXPECT_EQ(w.WaitUs(0), 100 * 10 / 2);
+  EXPECT_EQ(w.WaitUs(300), 400 * 10 / 2);
+  EXPECT_EQ(w.WaitUs(), 1400 * 10 / 2);  // nullopt: everything (the gauge)
   w.Remove(300, "b");
-  EXPECT_EQ(w.Queued("b"), 0);
   EXPECT_EQ(w.callers(), 1u);
 }
 

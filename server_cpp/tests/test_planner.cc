@@ -85,11 +85,11 @@ TEST(Admission, MatchesEverySharedVector) {
   const json vectors = LoadVectors();
   size_t checked = 0;
   for (const json& c : vectors.at("admission")) {
-    QueueWork w(c.at("workers"), c.at("max_wait_us"), c.at("seed_us_per_token").get<double>());
+    QueueWork w(c.at("workers"), c.at("max_wait_us"), c.at("seed_us_per_token").get<double>(), c.at("max_batch_us"));
     for (const json& o : c.at("observe")) w.Observe(o.at(0).get<double>(), o.at(1).get<int64_t>());
     w.Add(c.at("tokens"));
     w.BatchStarted(c.value("running", int64_t(0)));
-    const grpc::Status r = w.Refusal(c.at("now_us"), OptInt(c.at("deadline_us")));
+    const grpc::Status r = w.Refusal(c.at("now_us"), OptInt(c.at("deadline_us")), std::nullopt, c.at("own_batch_tokens"));
     const json& e = c.at("expect");
     const std::string name = c.at("name");
     const std::string code = r.ok()                                                ? "OK"

@@ -14,6 +14,12 @@ at once, or RESOURCE_EXHAUSTED once past --max-queue-wait-seconds), for minutes:
   of 16 x 512 tokens and 8 ScoreStreams of 512-token items going, resent as soon as each is answered,
   which holds the queue at the bound (8 s here, so that the flood's accepted work drains in seconds).
   Every call and item the flood sent gets an answer (none lost).
+- `test_many_connections_each_hold_a_sequence` (every kind): 32 connections, each a caller keeping one
+  512-token request going, so 32 sequences tie at the head of the turns, seconds of work ahead of any
+  new caller. A probe must be refused at once (its deadline is shorter than its turn) or answered:
+  admission counting only the running batches for a new caller admitted probes that then timed out in
+  the queue (the attacks run's streams_80_conns: 11 of 21 on cpp-grpc). None need be answered here:
+  each caller's turn is one in 33.
 """
 
 from __future__ import annotations
@@ -91,7 +97,7 @@ def probes(server) -> list[tuple[str, float]]:
     return got
 
 
-def check_probes(got: list[tuple[str, float]]) -> None:
+def check_probes(got: list[tuple[str, float]], served_at_least: float = SERVED_AT_LEAST) -> None:
     slow = [(c, round(s, 3)) for c, s in got if not (c == "OK" and s < PROBE_DEADLINE_S or s < REFUSED_WITHIN_S)]
     served = sum(c == "OK" for c, _ in got)
     ok = sorted(t for c, t in got if c == "OK")
@@ -99,7 +105,7 @@ def check_probes(got: list[tuple[str, float]]) -> None:
           + (f", answered in {ok[len(ok) // 2] * 1e3:.0f} ms median, {ok[-1] * 1e3:.0f} ms slowest" if ok else "")
           + f"; others: {[(c, round(t * 1e3)) for c, t in got if c != 'OK']}")
     assert not slow, f"probes neither answered in time nor refused in {REFUSED_WITHIN_S} s: {slow}; all: {got}"
-    assert served >= SERVED_AT_LEAST * len(got), f"{served} of {len(got)} probes answered: {got}"
+    assert served >= served_at_least * len(got), f"{served} of {len(got)} probes answered: {got}"
 
 
 def wait_idle(server, timeout_s: float = 60) -> None:
@@ -191,6 +197,53 @@ def _flood(target: str, seconds: float, out) -> None:
     out.put((tally["sent"], tally["answered"], tally["codes"]))
 
 
+def _many_callers(transport: str, where: str, callers: int, seconds: float, out) -> None:
+    """`callers` connections, each keeping one 512-token request going (resent as it is answered).
+    Puts (sent, answered, {code: count}) on `out`."""
+    until = time.monotonic() + seconds
+    lock = threading.Lock()
+    tally = {"sent": 0, "answered": 0, "codes": {}}
+
+    def count(code: str) -> None:
+        with lock:
+            tally["answered"] += 1
+            tally["codes"][code] = tally["codes"].get(code, 0) + 1
+
+    def caller(n: int) -> None:
+        k = 0
+        if transport == "http":
+            with httpx.Client(timeout=120) as c:  # one connection: one caller
+                while time.monotonic() < until:
+                    with lock:
+                        tally["sent"] += 1
+                    r = c.post(where + "/rmscore/v1/score", json={"sequences": [{"tokens": ids(n * 1000 + k)}]})
+                    count("OK" if r.status_code == 200 else r.json()["error"]["code"])
+                    k += 1
+            return
+        from rmscore_client.v1 import reward_pb2, reward_pb2_grpc
+
+        # Its own subchannel pool: grpcio would otherwise share one connection among a process's channels.
+        with grpc.insecure_channel(where, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+            stub = reward_pb2_grpc.RewardModelStub(ch)
+            while time.monotonic() < until:
+                with lock:
+                    tally["sent"] += 1
+                try:
+                    stub.Score(reward_pb2.ScoreRequest(sequences=[reward_pb2.Sequence(
+                        tokens=reward_pb2.TokenIds(ids=ids(n * 1000 + k)))]), timeout=120)
+                    count("OK")
+                except grpc.RpcError as e:
+                    count(e.code().name)
+                k += 1
+
+    threads = [threading.Thread(target=caller, args=(n,)) for n in range(callers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out.put((tally["sent"], tally["answered"], tally["codes"]))
+
+
 def test_one_large_request(server):
     """A 1024 x 512 request in an idle queue is fed to the model in its caller's turns: other callers'
     probes are answered meanwhile."""
@@ -229,6 +282,28 @@ def test_one_connection_floods_with_calls_and_streams(server):
     wait_idle(server, 200)
     check_probes(got)
     # Nothing the flood sent was lost: every call and item got its answer, a score or a refusal.
+    assert sent == answered, (sent, answered, codes)
+    assert codes.get("OK", 0) > 0, codes
+    assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"}, codes
+
+
+def test_many_connections_each_hold_a_sequence(server):
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    attack_s = 14.0
+    where = server.base_url if server.transport == "http" else server.target
+    attacker = ctx.Process(target=_many_callers, args=(server.transport, where, 32, attack_s, out), daemon=True)
+    attacker.start()
+    try:
+        wait_queued(server, tokens_s=3.0)
+        got = probes(server)
+        sent, answered, codes = out.get(timeout=attack_s + 200)
+    finally:
+        attacker.join(10)
+        if attacker.is_alive():
+            attacker.kill()
+    wait_idle(server, 200)
+    check_probes(got, served_at_least=0.0)
     assert sent == answered, (sent, answered, codes)
     assert codes.get("OK", 0) > 0, codes
     assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"}, codes

@@ -233,7 +233,7 @@ def test_queued_work_past_the_bound_or_the_deadline_is_refused_at_once():
     assert h.read("rmscore_queue_expected_wait_seconds") == 0.501
     late = submit(h.batcher, [[3]], time.monotonic() + 0.2)
     assert late.admitted.code == Code.DEADLINE_EXCEEDED
-    assert late.admitted.message.startswith("deadline exceeded before scoring: about 501 ms of model work waiting, ")
+    assert late.admitted.message.startswith("deadline exceeded before scoring: about 501 ms of model work waiting and up to 0 ms for its own batch, ")
     # What front ends ask before reading a request: the same refusals, without its size.
     assert h.batcher.work_refusal(time.monotonic() + 30) is None
     assert h.batcher.work_refusal(time.monotonic() + 0.2).code == Code.DEADLINE_EXCEEDED

@@ -92,18 +92,49 @@ def test_a_flooding_caller_is_refused_for_its_own_work_while_another_is_accepted
     h.batcher.stop()
 
 
-def test_queue_work_ahead_counts_each_other_caller_up_to_the_callers_own():
+def test_a_new_caller_waits_for_the_sequences_tied_at_the_head_of_the_turns():
+    # Five callers, each with one 2,000-token sequence ranked at the head (every one of them new), are
+    # 1 s of work ahead of a sixth caller's sequence, which ranks after them: counting only the running
+    # batch (1 ms) admitted requests that then waited seconds (the attacks run's streams_80_conns).
+    h = Harness(max_batch_size=1, max_wait_us=2_000_000, seed=100.0)
+    h.gated = True
+    running = submit_as(h, "a", [[1] * 10])
+    assert h.gate.wait_entered(1)
+    tied = [submit_as(h, c, [[k] * 2000]) for k, c in enumerate("bcdef", start=2)]
+    assert all(s.admitted is None for s in tied)
+    refused = h.batcher.work_refusal(time.monotonic() + 0.5, "g")
+    assert refused.code == Code.DEADLINE_EXCEEDED
+    assert refused.message.startswith("deadline exceeded before scoring: about 1001 ms of model work waiting")
+    assert h.batcher.work_refusal(time.monotonic() + 5, "g") is None
+    probe = submit_as(h, "g", [[9] * 5], time.monotonic() + 5)
+    assert probe.admitted is None
+    h.gate.open()
+    for s in (running, *tied, probe):
+        s.get()
+    assert h.batches == [[1], [2], [3], [4], [5], [6], [9]]
+    h.batcher.stop()
+
+
+def test_queue_index_tokens_through_sums_the_sequences_ranked_at_or_before():
+    index = QueueIndex()
+    index.add(Waiting(1, 0, 8), 10)
+    index.add(Waiting(2, 0, 30), 20)
+    index.add(Waiting(3, 5, 5), 10)
+    assert [index.tokens_through(r) for r in (9, 10, 19, 20, 10**9)] == [0, 13, 13, 43, 43]
+    index.remove(1)
+    assert index.tokens_through(10) == 5
+
+
+def test_queue_work_waits_for_the_running_batches_and_the_tokens_ahead():
     w = QueueWork(workers=2, max_wait_us=0, seed_us_per_token=10.0)
     w.add(1000, "a")
     w.add(300, "b")
     w.batch_started(100)
-    assert w.ahead("new") == 100
-    assert w.ahead("b") == 100 + 300 + 300  # its own, and as much of a's
-    assert w.ahead("a") == 100 + 1000 + 300
-    assert w.wait_us("b") == 700 * 10 // 2
-    assert w.wait_us() == 1400 * 10 // 2  # no caller: everything (the gauge)
+    assert w.wait_us(0) == 100 * 10 // 2
+    assert w.wait_us(300) == 400 * 10 // 2
+    assert w.wait_us() == 1400 * 10 // 2  # None: everything (the gauge)
     w.remove(300, "b")
-    assert w.queued("b") == 0 and "b" not in w.by_caller
+    assert "b" not in w.by_caller
 
 
 def test_queue_index_orders_by_rank_then_id():

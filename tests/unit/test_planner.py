@@ -86,12 +86,12 @@ def test_cost_table_matches_vector(entry):
 def test_admission_matches_vector(case):
     from rmscore.core.admission import QueueWork
 
-    w = QueueWork(case["workers"], case["max_wait_us"], case["seed_us_per_token"])
+    w = QueueWork(case["workers"], case["max_wait_us"], case["seed_us_per_token"], case["max_batch_us"])
     for batch_us, n in case["observe"]:
         w.observe(batch_us, n)
     w.add(case["tokens"])
     w.batch_started(case.get("running", 0))
-    r = w.refusal(case["now_us"], case["deadline_us"])
+    r = w.refusal(case["now_us"], case["deadline_us"], None, case["own_batch_tokens"])
     got = {"code": "OK" if r is None else r.code.name, "message": "" if r is None else r.message, "wait_us": w.wait_us()}
     assert got == case["expect"]
     w.remove(case["tokens"])

@@ -13,19 +13,27 @@ A request is refused at once:
 
 - RESOURCE_EXHAUSTED (`queue full: ...`, the client's Overloaded, retried with backoff) when that
   wait exceeds `--max-queue-wait-seconds`;
-- DEADLINE_EXCEEDED (`deadline exceeded before scoring: ...`) when it exceeds the time its deadline
-  leaves: it would expire in the queue anyway, after holding its caller for nothing.
+- DEADLINE_EXCEEDED (`deadline exceeded before scoring: ...`) when that wait plus its own batch
+  exceeds the time its deadline leaves: it would expire in the queue or in its batch anyway, after
+  holding its caller for nothing. Its own batch counts because a short sequence runs padded beside
+  longer ones: a one-sequence probe admitted on 1.9 s of work ahead under a 2 s deadline ran out in
+  its batch. The batcher bounds that batch's padded tokens (its longest sequence alone, or with
+  `max_batch_size` > 1 up to `max_batch_size` x the longest of it and the queue, at most
+  `max_batch_tokens`); at the rate, and at most the batch time bound, it is the batch's time.
 
 Callers are served in turn (issue 29, defect 4): a caller is a connection (`CALLER`, which the front
 ends set: gRPC's peer, HTTP's client address), every call and stream on it included, and the batcher
 orders the queue by each caller's own work (batcher.py, "fair order"). So the work ahead of a new
-request is not the whole queue but its share of it: the batches running, the caller's own queued
-tokens, and of each other caller as many tokens as the caller has queued itself (their turns come
-between its own). A new caller's wait is the running batches whatever the others hold, and a caller
-that floods waits behind its own work and is refused for it, alone. Only the work ahead counts,
-never the request's own: an idle server accepts any valid request (the sequence limits still apply),
-and a request larger than the bound is fed to the model a sequence at a time in its turns, behind
-other callers' work. server_cpp/src/admission.{h,cc} is this file in C++, same rule and
+request is not the whole queue but what ranks before it: the batches running, and the queued
+sequences whose rank is at or before the rank its first sequence would take (the caller's own queued
+work, and every other caller's up to that rank, a sequence that starts there counted whole). The
+batcher reads that sum from its index (`QueueIndex.tokens_through`) and hands it to `refusal`. A new
+caller's wait is the running batches and the sequences tied at the head of the turns (with many
+callers each holding one there, that is one sequence of each: 80 callers of 512 tokens are seconds of
+work), and a caller that floods waits behind its own work and is refused for it, alone. Only the work
+ahead counts, never the request's own: an idle server accepts any valid request (the sequence limits
+still apply), and a request larger than the bound is fed to the model a sequence at a time in its
+turns, behind other callers' work. server_cpp/src/admission.{h,cc} is this file in C++, same rule and
 messages; contract/batching_vectors.json's "admission" cases hold both to it.
 """
 
@@ -48,10 +56,12 @@ class QueueWork:
     #: Weight of one observed batch in the rate: about the last 5 batches count.
     ALPHA = 0.2
 
-    def __init__(self, workers: int, max_wait_us: int, seed_us_per_token: float = 0.0):
-        """`max_wait_us` 0: no bound by work (deadlines are still checked)."""
+    def __init__(self, workers: int, max_wait_us: int, seed_us_per_token: float = 0.0, max_batch_us: int = 0):
+        """`max_wait_us` 0: no bound by work (deadlines are still checked). `max_batch_us` (0: none)
+        bounds a request's own batch, which a deadline must also leave time for."""
         self.workers = max(1, workers)
         self.max_wait_us = max_wait_us
+        self.max_batch_us = max_batch_us
         self.tokens = 0  # real tokens of the sequences in the queue
         self.running = 0  # real tokens of the batches the workers are running
         self.us_per_token = seed_us_per_token  # 0 until seeded or observed: nothing is refused by work before
@@ -69,16 +79,6 @@ class QueueWork:
         else:
             self.by_caller.pop(caller, None)
 
-    def queued(self, caller: str) -> int:
-        """Real tokens `caller` has queued."""
-        return self.by_caller.get(caller, 0)
-
-    def ahead(self, caller: str) -> int:
-        """Real tokens that run before a new request of `caller` starts, callers served in turn: the
-        batches running, the caller's own queued tokens, and of every other caller at most as many."""
-        own = self.by_caller.get(caller, 0)
-        return self.running + own + sum(min(t, own) for c, t in self.by_caller.items() if c != caller)
-
     def batch_started(self, tokens: int) -> None:
         """A batch of `tokens` real tokens left the queue (removed already) for a worker."""
         self.running += tokens
@@ -93,25 +93,35 @@ class QueueWork:
         rate = batch_us / tokens
         self.us_per_token = rate if self.us_per_token == 0 else self.us_per_token + self.ALPHA * (rate - self.us_per_token)
 
-    def wait_us(self, caller: str | None = None) -> int:
-        """Expected model time, per worker, of what a new request of `caller` waits for (`ahead`); None:
-        of all that is queued or running (the gauge)."""
-        tokens = self.tokens + self.running if caller is None else self.ahead(caller)
+    def wait_us(self, queued_ahead: int | None = None) -> int:
+        """Expected model time, per worker, of the running batches and `queued_ahead` real tokens of the
+        queue (a request's share: the batcher's `QueueIndex.tokens_through`); None: of everything queued
+        (the gauge)."""
+        tokens = self.running + (self.tokens if queued_ahead is None else queued_ahead)
         return int(tokens * self.us_per_token / self.workers)
 
-    def refusal(self, now_us: int, deadline_us: int | None, caller: str = "") -> ScoreError | None:
-        """Why a request of `caller` arriving at `now_us` (deadline `deadline_us`, same clock) is refused,
-        or None."""
-        wait = self.wait_us(caller)
+    def own_batch_us(self, padded_tokens: int) -> int:
+        """The time of a request's own batch of `padded_tokens` at the rate, at most the batch time bound."""
+        own = int(padded_tokens * self.us_per_token)
+        return min(own, self.max_batch_us) if self.max_batch_us > 0 else own
+
+    def refusal(self, now_us: int, deadline_us: int | None, queued_ahead: int | None = None,
+                own_batch_tokens: int = 0) -> ScoreError | None:
+        """Why a request arriving at `now_us` (deadline `deadline_us`, same clock) behind the running batches
+        and `queued_ahead` queued real tokens (None: all of them), to run in a batch of at most
+        `own_batch_tokens` padded tokens, is refused, or None."""
+        wait = self.wait_us(queued_ahead)
         if wait <= 0:
             return None
         if self.max_wait_us > 0 and wait > self.max_wait_us:
             return ScoreError(Code.RESOURCE_EXHAUSTED,
                               f"queue full: about {wait // 1000} ms of model work waiting exceeds "
                               f"max_queue_wait_seconds ({self.max_wait_us // 1000} ms)")
-        if deadline_us is not None and wait > deadline_us - now_us:
+        own = self.own_batch_us(own_batch_tokens)
+        if deadline_us is not None and wait + own > deadline_us - now_us:
             return ScoreError(Code.DEADLINE_EXCEEDED,
-                              f"deadline exceeded before scoring: about {wait // 1000} ms of model work waiting, "
+                              f"deadline exceeded before scoring: about {wait // 1000} ms of model work waiting "
+                              f"and up to {own // 1000} ms for its own batch, "
                               f"{max(0, deadline_us - now_us) // 1000} ms left before the deadline")
         return None
 

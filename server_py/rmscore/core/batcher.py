@@ -149,7 +149,7 @@ class Batcher:
         self._index = QueueIndex()
         self._arrivals = ArrivalRate()  # the planner waits for partners only when some are expected
         # The queue's tokens and their model time.
-        self._work = QueueWork(len(models), opts.max_queue_wait_us, opts.seed_us_per_token)
+        self._work = QueueWork(len(models), opts.max_queue_wait_us, opts.seed_us_per_token, opts.planner.max_batch_us)
         self._next_seq_id = 1
         # Fair order: the rank after each caller's last sequence (its next one starts there, or at the
         # head when that is later), and the last rank taken into a batch (the head of an empty queue).
@@ -175,7 +175,8 @@ class Batcher:
             arrival = _now_us()
             if job.deadline_s is not None:
                 job.deadline_us = int(job.deadline_s * 1e6)
-            refused = self._refusal_locked(len(job.seqs)) or self._work.refusal(arrival, job.deadline_us, job.caller)
+            refused = self._refusal_locked(len(job.seqs)) or self._work_refusal_locked(
+                arrival, job.deadline_us, job.caller, max((len(s) for s in job.seqs), default=0))
             if refused is not None:
                 job.finished, job.error = True, refused  # never answered: a later cancel does nothing
                 raise refused
@@ -183,8 +184,7 @@ class Batcher:
             job.accepted_at = time.monotonic()
             job.first_seq_id = self._next_seq_id
             self._arrivals.add(len(job.seqs), arrival)
-            # The head: the last rank taken into a batch, or the first queued when that is lower.
-            head = min(self._index.first_rank(), self._last_rank) if len(self._index) else self._last_rank
+            head = self._head_locked()
             rank = max(head, self._turn_end.get(job.caller, head))
             for i, seq in enumerate(job.seqs):
                 self._queue[self._next_seq_id] = _Queued(job, i, arrival)
@@ -210,7 +210,28 @@ class Batcher:
         with self._mu:
             if not self._accepting:
                 return _draining()
-            return self._work.refusal(_now_us(), None if deadline_s is None else int(deadline_s * 1e6), caller)
+            return self._work_refusal_locked(_now_us(), None if deadline_s is None else int(deadline_s * 1e6), caller)
+
+    def _head_locked(self) -> int:
+        """Precondition: _mu held. The head of the turns: the last rank taken into a batch, or the first
+        queued when that is lower."""
+        return min(self._index.first_rank(), self._last_rank) if len(self._index) else self._last_rank
+
+    def _work_refusal_locked(self, now_us: int, deadline_us: int | None, caller: str,
+                             longest: int = 0) -> ScoreError | None:
+        """Precondition: _mu held. Why a request of `caller` whose longest sequence is `longest` (0: not
+        read yet) is refused by the work ahead of it, or None: the running batches and every queued
+        sequence ranked at or before where its first would rank (admission.py: the caller's own queued
+        work, and each other caller's up to there), and its own batch: its longest sequence alone, or
+        with partners padded to the longest of it and the queue, at most max_batch_tokens."""
+        head = self._head_locked()
+        rank = max(head, self._turn_end.get(caller, head))
+        cfg = self._opts.planner
+        own = longest
+        if cfg.max_batch_size > 1:
+            padded = max(longest, self._index.by_length[-1][0] if self._index.by_length else 0)
+            own = max(longest, min(cfg.max_batch_tokens, cfg.max_batch_size * padded))
+        return self._work.refusal(now_us, deadline_us, self._index.tokens_through(rank), own)
 
     def _refusal_locked(self, n: int) -> ScoreError | None:
         """Precondition: _mu held. Why a job of `n` sequences cannot be accepted now (None when it can):

@@ -92,6 +92,7 @@ class QueueIndex:
     def __init__(self) -> None:
         self._by_id: dict[int, tuple[Waiting, int]] = {}  # id -> (waiting, rank)
         self._by_rank: list[tuple[int, int]] = []  # (rank, id), sorted: the queue order
+        self._rank_lengths: list[int] = []  # the length of each entry of _by_rank, at the same place
         self.by_length: list[tuple[int, int, int]] = []
         self._deadlines: list[tuple[int, int]] = []  # (deadline_us, id) of the sequences that have one
 
@@ -101,7 +102,9 @@ class QueueIndex:
     def add(self, w: Waiting, rank: int) -> None:
         """`rank`: the sequence's place in the queue order (ties: by id)."""
         self._by_id[w.id] = (w, rank)
-        bisect.insort(self._by_rank, (rank, w.id))
+        at = bisect.bisect_left(self._by_rank, (rank, w.id))
+        self._by_rank.insert(at, (rank, w.id))
+        self._rank_lengths.insert(at, w.length)
         bisect.insort(self.by_length, (w.length, rank, w.id))
         if w.deadline_us is not None:
             bisect.insort(self._deadlines, (w.deadline_us, w.id))
@@ -111,7 +114,9 @@ class QueueIndex:
         if got is None:
             return None
         w, rank = got
-        del self._by_rank[bisect.bisect_left(self._by_rank, (rank, seq_id))]
+        at = bisect.bisect_left(self._by_rank, (rank, seq_id))
+        del self._by_rank[at]
+        del self._rank_lengths[at]
         del self.by_length[bisect.bisect_left(self.by_length, (w.length, rank, seq_id))]
         if w.deadline_us is not None:
             del self._deadlines[bisect.bisect_left(self._deadlines, (w.deadline_us, seq_id))]
@@ -127,6 +132,12 @@ class QueueIndex:
     def first_rank(self) -> int:
         """The lowest rank queued (the index must not be empty)."""
         return self._by_rank[0][0]
+
+    def tokens_through(self, rank: int) -> int:
+        """Real tokens of the sequences ranked at or before `rank`: what runs before a sequence added now
+        at `rank` (equal ranks keep their ids' order, and a new id is the highest). Summed in C over a
+        slice, so admission at 4,096 queued costs microseconds."""
+        return sum(self._rank_lengths[:bisect.bisect_right(self._by_rank, (rank, float("inf")))])
 
     def in_arrival(self):
         """In queue order."""
