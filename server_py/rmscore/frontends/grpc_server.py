@@ -21,7 +21,7 @@ from rmscore.core.scoring import SERVING, ScoringCore
 from rmscore.frontends.process import exit_code, write_port_file
 from rmscore.frontends.drain import Drain
 from rmscore.frontends import reflection_v1
-from rmscore.frontends.memory import start_trimming
+from rmscore.frontends.memory import note_request_bytes, start_trimming
 from rmscore.frontends.model_info import model_info
 from rmscore.runtimes.workers import RUNTIME
 
@@ -40,6 +40,7 @@ class Malformed:
 
 def _lenient(message_type):
     def parse(data: bytes):
+        note_request_bytes(len(data))
         try:
             return message_type.FromString(data)
         except DecodeError:

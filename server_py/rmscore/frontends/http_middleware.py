@@ -19,6 +19,7 @@ from rmscore.core.config import ServeConfig
 from rmscore.core.errors import UNAUTHENTICATED_MESSAGE, Code, ScoreError, bearer_matches
 from rmscore.core.scoring import ScoringCore
 from rmscore.frontends.http_errors import error_response, refusal
+from rmscore.frontends.memory import note_request_bytes
 from rmscore.frontends.http_routes import routes
 
 
@@ -90,6 +91,8 @@ class LimitBody:
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and int(length) > self.limit:
             return await self._refuse(str(int(length)))(scope, receive, send)
+        if length is not None:
+            note_request_bytes(int(length))
         seen = 0
 
         async def counted():
