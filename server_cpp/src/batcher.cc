@@ -69,8 +69,7 @@ grpc::Status Batcher::Submit(const std::shared_ptr<Job>& job) {
     job->first_seq_id_ = next_seq_id_;
     arrivals_.Add(int64_t(job->seqs_.size()), arrival);
     const int64_t head = HeadLocked();
-    auto turn = turn_end_.find(job->caller_);
-    int64_t rank = turn == turn_end_.end() ? head : std::max(head, turn->second);
+    int64_t rank = NextRankLocked(job->caller_, head);
     for (size_t i = 0; i < job->seqs_.size(); ++i) {
       index_.Add(Waiting{next_seq_id_, arrival, job->seqs_[i].length, job->deadline_us_}, rank);
       queue_.emplace(next_seq_id_++, Queued{job, i, arrival});
@@ -103,11 +102,14 @@ int64_t Batcher::HeadLocked() const {
   return index_.size() ? std::min(index_.FirstRank(), last_rank_) : last_rank_;
 }
 
+int64_t Batcher::NextRankLocked(const std::string& caller, int64_t head) const {
+  auto turn = turn_end_.find(caller);
+  return turn == turn_end_.end() ? head : std::max(head, turn->second);
+}
+
 grpc::Status Batcher::WorkRefusalLocked(int64_t now_us, std::optional<int64_t> deadline_us, const std::string& caller,
                                         int64_t longest) const {
-  const int64_t head = HeadLocked();
-  auto turn = turn_end_.find(caller);
-  const int64_t rank = turn == turn_end_.end() ? head : std::max(head, turn->second);
+  const int64_t rank = NextRankLocked(caller, HeadLocked());
   const PlannerConfig& cfg = opts_.planner;
   int64_t own = longest;
   if (cfg.max_batch_size > 1) {

@@ -167,6 +167,9 @@ class Batcher {
   // Precondition: mu_ held. The head of the turns: the last rank taken into a batch, or the first
   // queued when that is lower.
   int64_t HeadLocked() const;
+  // Precondition: mu_ held. Where `caller`'s next sequence ranks: where its previous one ended, or at
+  // `head` when that is later.
+  int64_t NextRankLocked(const std::string& caller, int64_t head) const;
   // Precondition: mu_ held. Why a request of `caller` whose longest sequence is `longest` (0: not read
   // yet) is refused by the work ahead of it, or OK: the running batches and every queued sequence
   // ranked at or before where its first would rank (admission.h), and its own batch: its longest

@@ -687,6 +687,27 @@ TEST(FairShare, ANewCallerWaitsForTheSequencesTiedAtTheHeadOfTheTurns) {
   EXPECT_EQ(h.Batches(), (Batches{{1}, {2}, {3}, {4}, {5}, {6}, {9}}));
 }
 
+TEST(FairShare, ADeadlineLeavesTimeForTheRequestsOwnBatchPaddedToTheQueuesLongest) {
+  // Batches of 2: a 5-token probe may run beside the queued 2,000-token sequence, padded to it, so its own
+  // batch is up to 2 x 2,000 tokens (0.4 s at 100 us per token) on top of the 1 ms running.
+  Harness h(/*max_batch_size=*/2, /*delay_us=*/0, /*max_queue=*/4096, nullptr, /*workers=*/1,
+            /*max_wait_us=*/2'000'000, /*seed=*/100.0);
+  h.gated = true;
+  auto running = SubmitAs(h, "a", {std::vector<int64_t>(10, 1)});
+  ASSERT_TRUE(h.gate.WaitEntered(1));
+  auto queued = SubmitAs(h, "b", {std::vector<int64_t>(2000, 2)});
+  auto refused = SubmitAs(h, "c", {std::vector<int64_t>(5, 3)}, Clock::now() + 300ms);
+  EXPECT_EQ(refused->admitted.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(refused->admitted.error_message().rfind(
+                "deadline exceeded before scoring: about 201 ms of model work waiting and up to 400 ms for its own batch", 0),
+            0u)
+      << refused->admitted.error_message();
+  auto accepted = SubmitAs(h, "c", {std::vector<int64_t>(5, 3)}, Clock::now() + 5s);
+  EXPECT_TRUE(accepted->admitted.ok()) << accepted->admitted.error_message();
+  h.gate.Open();
+  Get(*running), Get(*queued), Get(*accepted);
+}
+
 TEST(FairShare, QueueIndexTokensThroughSumsTheSequencesRankedAtOrBefore) {
   QueueIndex index;
   index.Add(Waiting{1, 0, 8, std::nullopt}, 10);

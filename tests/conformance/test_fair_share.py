@@ -263,39 +263,17 @@ def test_one_large_request(server):
     check_probes(got)
 
 
-def test_one_connection_floods_with_calls_and_streams(server):
-    if server.transport == "http":
-        pytest.skip("one HTTP/1.1 connection has one request at a time: test_one_large_request is its flood")
+def attack_answered(server, target, args: tuple, attack_s: float, queued_s: float = 5.0,
+                    served_at_least: float = SERVED_AT_LEAST) -> None:
+    """Runs `target(*args, attack_s, out)` in a process of its own, probes while it holds the queue, and
+    checks the probes and that nothing the attack sent was lost: every call and item got its answer, a
+    score or a refusal."""
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    flood_s = 14.0
-    attacker = ctx.Process(target=_flood, args=(server.target, flood_s, out), daemon=True)
+    attacker = ctx.Process(target=target, args=(*args, attack_s, out), daemon=True)
     attacker.start()
     try:
-        wait_queued(server)
-        got = probes(server)
-        sent, answered, codes = out.get(timeout=flood_s + 200)
-    finally:
-        attacker.join(10)
-        if attacker.is_alive():
-            attacker.kill()
-    wait_idle(server, 200)
-    check_probes(got)
-    # Nothing the flood sent was lost: every call and item got its answer, a score or a refusal.
-    assert sent == answered, (sent, answered, codes)
-    assert codes.get("OK", 0) > 0, codes
-    assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"}, codes
-
-
-def test_many_connections_each_hold_a_sequence(server):
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    attack_s = 14.0
-    where = server.base_url if server.transport == "http" else server.target
-    attacker = ctx.Process(target=_many_callers, args=(server.transport, where, 32, attack_s, out), daemon=True)
-    attacker.start()
-    try:
-        wait_queued(server, tokens_s=3.0)
+        wait_queued(server, tokens_s=queued_s)
         got = probes(server)
         sent, answered, codes = out.get(timeout=attack_s + 200)
     finally:
@@ -303,7 +281,19 @@ def test_many_connections_each_hold_a_sequence(server):
         if attacker.is_alive():
             attacker.kill()
     wait_idle(server, 200)
-    check_probes(got, served_at_least=0.0)
+    check_probes(got, served_at_least)
     assert sent == answered, (sent, answered, codes)
     assert codes.get("OK", 0) > 0, codes
     assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"}, codes
+
+
+def test_one_connection_floods_with_calls_and_streams(server):
+    if server.transport == "http":
+        pytest.skip("one HTTP/1.1 connection has one request at a time: test_one_large_request is its flood")
+    attack_answered(server, _flood, (server.target,), attack_s=14.0)
+
+
+def test_many_connections_each_hold_a_sequence(server):
+    where = server.base_url if server.transport == "http" else server.target
+    attack_answered(server, _many_callers, (server.transport, where, 32), attack_s=14.0, queued_s=3.0,
+                    served_at_least=0.0)

@@ -115,6 +115,26 @@ def test_a_new_caller_waits_for_the_sequences_tied_at_the_head_of_the_turns():
     h.batcher.stop()
 
 
+def test_a_deadline_leaves_time_for_the_requests_own_batch_padded_to_the_queues_longest():
+    # Batches of 2: a 5-token probe may run beside the queued 2,000-token sequence, padded to it, so its
+    # own batch is up to 2 x 2,000 tokens (0.4 s at 100 us per token) on top of the 1 ms running.
+    h = Harness(max_batch_size=2, max_wait_us=2_000_000, seed=100.0)
+    h.gated = True
+    running = submit_as(h, "a", [[1] * 10])
+    assert h.gate.wait_entered(1)
+    queued = submit_as(h, "b", [[2] * 2000])
+    refused = submit_as(h, "c", [[3] * 5], time.monotonic() + 0.3)
+    assert refused.admitted.code == Code.DEADLINE_EXCEEDED
+    assert refused.admitted.message.startswith(
+        "deadline exceeded before scoring: about 201 ms of model work waiting and up to 400 ms for its own batch")
+    accepted = submit_as(h, "c", [[3] * 5], time.monotonic() + 5)
+    assert accepted.admitted is None
+    h.gate.open()
+    for s in (running, queued, accepted):
+        s.get()
+    h.batcher.stop()
+
+
 def test_queue_index_tokens_through_sums_the_sequences_ranked_at_or_before():
     index = QueueIndex()
     index.add(Waiting(1, 0, 8), 10)

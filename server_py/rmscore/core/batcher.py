@@ -185,7 +185,7 @@ class Batcher:
             job.first_seq_id = self._next_seq_id
             self._arrivals.add(len(job.seqs), arrival)
             head = self._head_locked()
-            rank = max(head, self._turn_end.get(job.caller, head))
+            rank = self._next_rank_locked(job.caller, head)
             for i, seq in enumerate(job.seqs):
                 self._queue[self._next_seq_id] = _Queued(job, i, arrival)
                 self._index.add(Waiting(self._next_seq_id, arrival, len(seq), job.deadline_us), rank)
@@ -217,6 +217,11 @@ class Batcher:
         queued when that is lower."""
         return min(self._index.first_rank(), self._last_rank) if len(self._index) else self._last_rank
 
+    def _next_rank_locked(self, caller: str, head: int) -> int:
+        """Precondition: _mu held. Where `caller`'s next sequence ranks: where its previous one ended, or
+        at `head` when that is later."""
+        return max(head, self._turn_end.get(caller, head))
+
     def _work_refusal_locked(self, now_us: int, deadline_us: int | None, caller: str,
                              longest: int = 0) -> ScoreError | None:
         """Precondition: _mu held. Why a request of `caller` whose longest sequence is `longest` (0: not
@@ -224,8 +229,7 @@ class Batcher:
         sequence ranked at or before where its first would rank (admission.py: the caller's own queued
         work, and each other caller's up to there), and its own batch: its longest sequence alone, or
         with partners padded to the longest of it and the queue, at most max_batch_tokens."""
-        head = self._head_locked()
-        rank = max(head, self._turn_end.get(caller, head))
+        rank = self._next_rank_locked(caller, self._head_locked())
         cfg = self._opts.planner
         own = longest
         if cfg.max_batch_size > 1:
