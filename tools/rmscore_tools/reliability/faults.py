@@ -9,7 +9,7 @@ look for it) and returns a dict of plain figures: the tests assert on them,
   `factor` x capacity for `seconds`, every request sent at once whatever the
   server does (open loop, no client cap): each request must end OK or
   RESOURCE_EXHAUSTED, never in silence or in another error.
-* `kill_restart`: a rollout through rmscore_client with retries; the server is
+* `kill_restart`: a rollout through rmscore_client with retries (in a process of its own); the server is
   SIGKILLed by PID mid-rollout and restarted on the same port; the rollout must
   end with one score per sequence, in order, each chunk answered once.
 * `drain`: requests in flight, SIGTERM, a health poller and a prober racing it:
@@ -29,8 +29,10 @@ import json
 import math
 import os
 import pathlib
+import queue
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -181,102 +183,86 @@ def kill_restart(server, *, sequences: int = 256, chunk_size: int = 8, max_concu
     port; the client's retries finish the rollout. Returns (figures, the restarted server)."""
     seqs = make_rollout(np.random.default_rng([seed, 5]), sequences, LengthMix.parse(lengths))
     want = reference_scores(seqs)
-    fig: dict = {"kind": server.kind, "sequences": sequences, "chunks": (sequences + chunk_size - 1) // chunk_size,
-                 "chunk_size": chunk_size}
-    t0 = time.perf_counter()
-    rollout = _RetriedRollout(server, seqs, chunk_size, max_concurrency, kill_at_fraction * fig["chunks"],
-                              restart_timeout_s + 120)
-    # The rollout's grpc.aio client runs on this thread, the kill and restart on a helper that uses no
-    # gRPC at all: with grpc.aio on one thread and sync gRPC on another (the health polls of a restart
-    # that waits until ready), the process died of a segfault in native code in CI, twice, in either
-    # arrangement. So the helper starts the server without waiting for health, the client's retries
-    # find it serving, and only once the rollout's loop is gone does this thread check health.
-    restarted: dict = {}
-    killer = threading.Thread(target=_kill_then_restart, args=(server, rollout, fig, restart_timeout_s, restarted),
-                              daemon=True)
-    killer.start()
-    rollout.run(restart_timeout_s + 180)
-    killer.join(restart_timeout_s + 60)
-    if "error" in restarted:
-        raise restarted["error"]
-    new = restarted["server"]
-    fig["rollout_s"] = time.perf_counter() - t0
-    new.wait_until_ready(time.monotonic() + restart_timeout_s)
-    # Kill to the first chunk answered after it: how long the client saw no service.
-    fig["restart_s"] = (rollout.first_answer_after(fig["t_kill"]) or math.nan) - fig.pop("t_kill")
-    fig["same_port"] = new.port == server.port
-    fig.update(_rollout_figures(rollout, want, fig["chunks"], tolerance))
-    return fig, new
-
-
-def _kill_then_restart(server, rollout: "_RetriedRollout", fig: dict, restart_timeout_s: float, out: dict) -> None:
-    """On the helper thread: SIGKILL once `rollout.kill_now` is set, then the same server again on its
-    port; `out` gets "server" or "error" (and the rollout is told to give up, not retry forever)."""
+    n_chunks = (sequences + chunk_size - 1) // chunk_size
+    fig: dict = {"kind": server.kind, "sequences": sequences, "chunks": n_chunks, "chunk_size": chunk_size}
+    t0 = time.monotonic()
+    # The client is a process of its own (retried_rollout says why): this one only kills, restarts and
+    # reads the client's answers, so no gRPC runs here until the client has exited.
+    rollout = _RolloutChild(server, seqs, chunk_size, max_concurrency, timeout_s=restart_timeout_s + 120)
+    new = None
     try:
-        rollout.kill_now.wait(restart_timeout_s)
+        kill_after = kill_at_fraction * n_chunks
+        end = time.monotonic() + restart_timeout_s + 180
+        rollout.read_until(end, stop=lambda: len(rollout.answered) >= kill_after)
         fig["answered_before_kill"] = len(rollout.answered)
-        fig["killed_mid_run"] = len(rollout.answered) < fig["chunks"] and not rollout.finished.is_set()
+        fig["killed_mid_run"] = len(rollout.answered) < n_chunks and rollout.alive()
         fig["in_flight_at_kill"] = metric_safe(server, "rmscore_requests_in_flight")
         server.proc.send_signal(signal.SIGKILL)  # the PID this session started, nothing else
         fig["killed_exit_code"] = server.proc.wait(30)
-        fig["t_kill"] = time.perf_counter()
-        out["server"] = _restart(server, restart_timeout_s)
-    except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
-        out["error"] = e
-        rollout.abort.set()
+        t_kill = time.monotonic()
+        new = _restart(server, restart_timeout_s)
+        rollout.read_until(end)
+    finally:
+        rollout.close()
+    fig["rollout_s"] = time.monotonic() - t0
+    new.wait_until_ready(time.monotonic() + restart_timeout_s)
+    # Kill to the first chunk answered after it: how long the client saw no service.
+    fig["restart_s"] = min((t for t in rollout.answer_times if t > t_kill), default=math.nan) - t_kill
+    fig["same_port"] = new.port == server.port
+    fig.update(_rollout_figures(rollout, want, n_chunks, tolerance))
+    return fig, new
 
 
-class _RetriedRollout:
-    """One rollout through rmscore_client with retries, run by `run()` on the calling thread;
-    `kill_now` is set once `kill_after` chunks are answered (or the rollout ended), `abort` ends it."""
+class _RolloutChild:
+    """retried_rollout running `seqs` against `server` in a child process; its answers are read on the
+    calling thread (`read_until`), one JSON line each."""
 
-    def __init__(self, server, seqs, chunk_size: int, max_concurrency: int, kill_after: float, timeout_s: float):
-        from rmscore_client import AsyncHttpRewardClient, AsyncRewardClient, RetryPolicy
-
+    def __init__(self, server, seqs, chunk_size: int, max_concurrency: int, timeout_s: float):
         self.answered: dict[int, int] = {}
         self.answer_times: list[float] = []
         self.attempts: list[int] = []
         self.result: dict = {}
-        self.kill_now, self.finished, self.abort = threading.Event(), threading.Event(), threading.Event()
-        self.kill_after = kill_after
-        cls = AsyncRewardClient if server.transport == "grpc" else AsyncHttpRewardClient
-        # Retries for as long as a restart can take (the compile kind warms up for minutes).
-        retry = RetryPolicy(max_attempts=100_000, initial_backoff_s=0.05, max_backoff_s=1.0)
-        self.make = lambda: cls(caller.target_of(server), chunk_size=chunk_size, max_concurrency=max_concurrency,
-                                timeout_s=timeout_s, retry=retry)
-        self.seqs = seqs
+        self.proc = subprocess.Popen([sys.executable, "-m", "rmscore_tools.reliability.retried_rollout"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        job = {"target": caller.target_of(server), "transport": server.transport, "seqs": seqs,
+               "chunk_size": chunk_size, "max_concurrency": max_concurrency, "timeout_s": timeout_s}
+        self.proc.stdin.write(json.dumps(job))
+        self.proc.stdin.close()
+        # A reader thread (no gRPC in it) so that the calling thread can wait with a deadline.
+        self.lines: "queue.Queue[str | None]" = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
 
-    def first_answer_after(self, t: float) -> float | None:
-        """perf_counter time of the first chunk answered after `t` (None: none was)."""
-        return min((a for a in self.answer_times if a > t), default=None)
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
 
-    def _on_chunk(self, t) -> None:
-        self.answer_times.append(time.perf_counter())
-        self.answered[t.offset] = self.answered.get(t.offset, 0) + 1
-        self.attempts.append(t.attempts)
-        if len(self.answered) >= self.kill_after:
-            self.kill_now.set()
+    def alive(self) -> bool:
+        return not self.result
 
-    async def _rollout(self, limit_s: float):
-        c = self.make()
-        try:
-            work = asyncio.ensure_future(c.score_ids(self.seqs, on_chunk=self._on_chunk))
-            end = time.monotonic() + limit_s
-            while not work.done():
-                await asyncio.wait([work], timeout=0.2)
-                if not work.done() and (self.abort.is_set() or time.monotonic() > end):
-                    work.cancel()
-            return await work
-        finally:
-            await c.close()
+    def read_until(self, deadline: float, stop=lambda: False) -> None:
+        """Take answers until the client's last line, `stop()`, or `deadline` (then the result is an error)."""
+        while self.alive() and not stop():
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self.result["error"] = "DEADLINE_EXCEEDED: the rollout did not end in time"
+                return
+            if line is None:  # the client exited without its last line: it crashed
+                self.result["error"] = f"client process died (exit code {self.proc.wait(30)})"
+                return
+            msg = json.loads(line)
+            if "offset" in msg:
+                self.answer_times.append(msg["t"])
+                self.answered[msg["offset"]] = self.answered.get(msg["offset"], 0) + 1
+                self.attempts.append(msg["attempts"])
+            else:
+                self.result = msg
 
-    def run(self, limit_s: float) -> None:
-        try:
-            self.result["r"] = asyncio.run(self._rollout(limit_s))
-        except BaseException as e:  # noqa: BLE001 - CancelledError too: a figure, not a crash
-            self.result["error"] = f"{loadgen.error_code(e)}: {e}"
-        self.finished.set()
-        self.kill_now.set()
+    def close(self) -> None:
+        if self.proc.poll() is None and "scores" not in self.result:
+            self.proc.kill()  # the child this call started
+        self.proc.wait(30)
 
 
 def _restart(server, ready_timeout_s: float):
@@ -292,9 +278,9 @@ def _restart(server, ready_timeout_s: float):
     raise RuntimeError(f"{server.kind}: could not restart on port {server.port}")
 
 
-def _rollout_figures(rollout: _RetriedRollout, want: np.ndarray, n_chunks: int, tolerance: float) -> dict:
-    r = rollout.result.get("r")
-    got = np.array(r.scores if r else [])
+def _rollout_figures(rollout: _RolloutChild, want: np.ndarray, n_chunks: int, tolerance: float) -> dict:
+    scores = rollout.result.get("scores")
+    got = np.array(scores if scores is not None else [])
     answered, attempts = rollout.answered, rollout.attempts
     fig = {"client_error": rollout.result.get("error"), "scores": len(got),
            "chunks_answered_once": sum(1 for v in answered.values() if v == 1),
@@ -302,7 +288,7 @@ def _rollout_figures(rollout: _RetriedRollout, want: np.ndarray, n_chunks: int, 
            "chunks_retried": sum(1 for a in attempts if a > 1), "max_attempts": max(attempts, default=0),
            "max_abs_error": float(np.abs(got - want).max()) if got.shape == want.shape else float("inf")}
     fig["complete_unique_correct"] = bool(
-        r is not None and got.shape == want.shape and fig["max_abs_error"] <= tolerance
+        scores is not None and got.shape == want.shape and fig["max_abs_error"] <= tolerance
         and len(answered) == n_chunks and fig["chunks_answered_twice"] == 0)
     return fig
 
