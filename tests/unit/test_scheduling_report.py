@@ -41,3 +41,33 @@ def test_ratios_are_taken_within_each_repetition():
     text = scheduling.markdown({"summary": sm, "when": "now", "repeats": 2, "window_s": 5, "threads": 2, "reps": reps,
                                 "kinds": ["py-grpc-onnxruntime", "py-http-onnxruntime"]})
     assert "| py-grpc-onnxruntime | cost_aware:1 | c64 | 57.0 ± " in text
+
+
+def test_cpu_figures_are_reported_when_recorded():
+    reps = [_rep(0, 40.0, 38.0), _rep(1, 80.0, 76.0)]
+    for r in reps:
+        for load in r["servers"]["py-grpc-onnxruntime cost_aware:1"].values():
+            if isinstance(load, dict):
+                load.update(client_cpu_ms_per_seq=1.5, server_cpu_ms_per_seq=20.0, client_cpu_share=0.06)
+    sm = scheduling.summarise(reps, ["py-grpc-onnxruntime", "py-http-onnxruntime"], ["cost_aware:1"])
+    assert sm["rows"]["py-grpc-onnxruntime cost_aware:1 c64"]["client_cpu_share"]["mean"] == pytest.approx(0.06)
+    assert "client_cpu_share" not in sm["rows"]["py-http-onnxruntime cost_aware:1 c1"]  # not recorded there
+    text = scheduling.markdown({"summary": sm, "when": "now", "repeats": 2, "window_s": 5, "threads": 2, "reps": reps,
+                                "kinds": ["py-grpc-onnxruntime", "py-http-onnxruntime"]})
+    assert "| 1.50 ± 0, 20.0 ± 0 (0.060 ± 0) |" in text
+
+
+def test_the_cpu_clock_counts_this_process_as_the_client_and_the_pid_as_the_server():
+    import os
+    import time
+    import types
+
+    me = types.SimpleNamespace(proc=types.SimpleNamespace(pid=os.getpid()))
+    clock = scheduling.CpuClock(me)
+    end = time.process_time() + 0.3
+    while time.process_time() < end:  # burn CPU on this thread: both clocks see it
+        pass
+    fig = clock.figures(sequences=10)
+    assert fig["client_cpu_ms_per_seq"] == pytest.approx(30.0, abs=5.0)
+    assert fig["server_cpu_ms_per_seq"] == pytest.approx(fig["client_cpu_ms_per_seq"], abs=3.0)  # 10 ms ticks
+    assert 0 < fig["client_cpu_share"] <= 1.0

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -35,6 +36,7 @@ import time
 from rmscore_tools import kinds as kinds_registry, launch
 from rmscore_tools import caller, loadgen
 from rmscore_tools.bench.presets import Settings
+from rmscore_tools.observe import cpu_s
 from rmscore_tools.stats import mean_ci
 from rmscore_tools.workload import LengthMix
 
@@ -45,6 +47,8 @@ CONFIGS = (DEFAULT, "length_aware:1", "cost_aware:auto")
 KINDS = ("cpp-grpc", "py-grpc-onnxruntime", "py-http-onnxruntime", "py-grpc-eager")
 CONCURRENCY = (1, 8, 64)
 ROLLOUT = (64, 8)  # sequences per rollout, sequences per request
+CORES = os.cpu_count() or 1
+CPU_KEYS = ("client_cpu_ms_per_seq", "server_cpu_ms_per_seq", "client_cpu_share")
 GOALS = {"ratio": 0.9, "batch1_ratio": 0.95, "c8_over_c1": 0.95, "c64_over_c1": 1.0, "makespan_factor": 1.1,
          "p99_factor": 1.5, "http_excess_ms": 3.0}
 
@@ -74,6 +78,23 @@ def server_flags(s: Settings, config: str, profile: pathlib.Path) -> dict:
     return flags
 
 
+class CpuClock:
+    """CPU used by this process (the load generator: the client) and by the server while a load runs.
+    On a machine where they share the cores, every client CPU-second is one the model did not get,
+    so the figures split a server's shortfall between the server and the measuring client."""
+
+    def __init__(self, server):
+        self.pid = server.proc.pid
+        self.t0, self.client0, self.server0 = time.monotonic(), time.process_time(), cpu_s(self.pid)
+
+    def figures(self, sequences: int) -> dict:
+        wall = time.monotonic() - self.t0
+        client, server = time.process_time() - self.client0, cpu_s(self.pid) - self.server0
+        per = 1e3 / max(sequences, 1)
+        return {"client_cpu_ms_per_seq": client * per, "server_cpu_ms_per_seq": server * per,
+                "client_cpu_share": client / (wall * CORES)}
+
+
 async def measure_kind(server, s: Settings, wl: loadgen.Workload, rollouts: list) -> dict:
     """Every load on one fresh server: the closed loops, then the rollouts."""
     transport = kinds_registry.get(server.kind).transport
@@ -83,17 +104,20 @@ async def measure_kind(server, s: Settings, wl: loadgen.Workload, rollouts: list
         requests = wl.requests(s.seed)
         await loadgen.warmup(one, requests, 8, s.warmup_s)
         for c in CONCURRENCY:
+            clock = CpuClock(server)
             r = await loadgen.closed_loop(one, requests, c, s.window_s, s.settle_s, drain_timeout_s=s.rpc_timeout_s,
                                           max_settle_s=s.rpc_timeout_s)
+            # Every answer of the call (settle and drain included), as the CPU was counted over all of it.
             out[f"c{c}"] = {"throughput_seq_s": r["throughput_seq_s"], "latency_ms": r["latency_ms"],
-                            "errors": r["errors"]}
+                            "errors": r["errors"], **clock.figures(r["answered_all"])}
     finally:
         await one.close()
     chunked = caller.async_client(transport, caller.target_of(server), chunk_size=ROLLOUT[1], timeout_s=s.rpc_timeout_s)
     try:
+        clock = CpuClock(server)
         r = await loadgen.rollouts(chunked, rollouts)
         out["rollout"] = {"throughput_seq_s": ROLLOUT[0] / r["makespan_s_mean"], "makespan_s": r["makespan_s_mean"],
-                          "errors": r["errors"]}
+                          "errors": r["errors"], **clock.figures(ROLLOUT[0] * len(rollouts))}
     finally:
         await chunked.close()
     return out
@@ -136,6 +160,9 @@ def summarise(reps: list[dict], kinds: list[str], configs: list[str]) -> dict:
                 row = {"kind": kind, "config": config, "load": load, "throughput": mean_ci(thr).as_dict(),
                        "ratio": mean_ci(ratio).as_dict(),
                        "errors": sum(r["servers"][key][load]["errors"] for r in per)}
+                for k in CPU_KEYS:  # absent from runs made before they were recorded
+                    if all(k in r["servers"][key][load] for r in per):
+                        row[k] = mean_ci([r["servers"][key][load][k] for r in per]).as_dict()
                 if load == f"c{max(CONCURRENCY)}":
                     p99 = [r["servers"][key][load]["latency_ms"]["p99"] for r in per]
                     # A repetition that scored nothing in the window has no bound (NaN, dropped by mean_ci).
@@ -193,13 +220,19 @@ def markdown(rec: dict) -> str:
               "goal column: c1, throughput / the runtime's batch 1 (>= 0.95); c8 and c64, throughput / the same "
               f"server's at c1 (>= {GOALS['c8_over_c1']} and >= {GOALS['c64_over_c1']}); rollout, makespan / "
               f"(64 / best plan) (<= {GOALS['makespan_factor']}).", "",
-              "| kind | config | load | seq/s | ratio to best plan | goal ratio | p99 ms (bound) | errors |",
-              "|---|---|---|---|---|---|---|---|"]
+              f"CPU: milliseconds of CPU per sequence used by the measuring client (this process, on the same "
+              f"{CORES} cores) and by the server, and the client's share of the machine's CPU while the load ran.",
+              "",
+              "| kind | config | load | seq/s | ratio to best plan | goal ratio | p99 ms (bound) | CPU ms/seq client, server "
+              "(client share) | errors |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for row in sm["rows"].values():
         p99 = f"{_f(row['p99_ms'])} ({_f(row['p99_bound_ms'])})" if "p99_ms" in row else ""
         goal = next((_f(row[k]) for k in ("batch1_ratio", "over_c1", "makespan_factor") if k in row), "")
+        cpu = (f"{_f(row['client_cpu_ms_per_seq'])}, {_f(row['server_cpu_ms_per_seq'])} "
+               f"({_f(row['client_cpu_share'], 2)})" if all(k in row for k in CPU_KEYS) else "")
         lines.append(f"| {row['kind']} | {row['config']} | {row['load']} | {_f(row['throughput'])} | "
-                     f"{_f(row['ratio'])} | {goal} | {p99} | {row['errors']} |")
+                     f"{_f(row['ratio'])} | {goal} | {p99} | {cpu} | {row['errors']} |")
     if sm["http_excess_ms"]:
         lines += ["", f"HTTP p50 minus gRPC p50 at concurrency 1, same runtime (goal <= {GOALS['http_excess_ms']} ms): "
                   + "; ".join(f"{c}: {_f(ci)} ms" for c, ci in sm["http_excess_ms"].items())]
