@@ -175,14 +175,22 @@ void Batcher::Loop(const BatchModel& model) {
     Answers answers;
     std::optional<Batch> batch = NextBatchLocked(lk, &answers);
     const bool work_left = batch && !queue_.empty();
+    const int64_t now_us = StallClock::NowUs();
     // Alone, and nothing waits to join it: every thread. A batch taken while it runs goes to its own
-    // worker's session and shares the cores until this one ends.
-    const bool lone = batch && !work_left && running_ == 0 && lone_;
+    // worker's session and shares the cores until this one ends; when that happens, the load is more
+    // than one batch at a time, and lone batches pause (LoneEndedLocked).
+    const bool lone = batch && !work_left && running_ == 0 && lone_ && now_us >= lone_hold_until_us_;
     if (batch) {
+      if (lone) {
+        lone_running_ = true;
+        lone_overlapped_ = false;
+      } else if (lone_running_) {
+        lone_overlapped_ = true;
+      }
       ++running_;
       // Here, not when the batch left the queue: taking it and counting it running are one step under
       // mu_, so the clock never sees the work gone between the two.
-      batch->started_us = StallClock::NowUs();
+      batch->started_us = now_us;
       if (opts_.progress) opts_.progress->BatchStarted(batch->started_us, int64_t(queue_.size()));
     }
     lk.unlock();
@@ -271,6 +279,7 @@ void Batcher::Run(const Batch& b, const BatchModel& model, bool lone) {
     // a client may retry on another replica (docs/contract.md allows only OK or UNAVAILABLE then).
     if (!error.ok() && stopping_) error = Draining();
     --running_;
+    if (lone) LoneEndedLocked(b);
     // The cost table describes the workers' sessions, where batches run under load, which is where the
     // planner's choices matter: a lone run, on every thread, would skew it.
     if (opts_.cost && error.ok() && !lone) opts_.cost->Observe(int64_t(b.seqs.size()), b.packed.longest, ms / 1e3);
@@ -286,6 +295,17 @@ void Batcher::Run(const Batch& b, const BatchModel& model, bool lone) {
     }
   }
   Answer(answers);
+}
+
+// Precondition: mu_ held. A lone batch ended: if it showed more than one caller's work (another batch
+// started beside it, work arrived while it ran, or it held several requests), the load is batches at
+// once, where a thread per batch beats every thread per batch with the cores oversubscribed
+// (docs/batching.md, "Threads"), so no lone batch starts for opts_.lone_hold_us.
+void Batcher::LoneEndedLocked(const Batch& b) {
+  lone_running_ = false;
+  bool several = false;
+  for (const Queued& q : b.seqs) several = several || q.job != b.seqs.front().job;
+  if (lone_overlapped_ || !queue_.empty() || several) lone_hold_until_us_ = StallClock::NowUs() + opts_.lone_hold_us;
 }
 
 // ---- shared steps ---------------------------------------------------------------------------------------

@@ -115,6 +115,11 @@ class Batcher {
     // so it answers while a batcher thread is stuck. Shared with the gauge and the liveness watch,
     // which may outlive the batcher. nullptr: not tracked.
     std::shared_ptr<StallClock> progress;
+    // After a lone batch that showed more than one caller's work (another batch started beside it,
+    // work arrived while it ran, or it held several requests), batches run on the workers' sessions
+    // for this long before a lone one is tried again (docs/batching.md, "Threads"). Python's
+    // Options.lone_hold_us.
+    int64_t lone_hold_us = 1'000'000;
   };
   // `models`: one per worker, each run by its own batcher thread. `abort` (optional) makes the model
   // runs in progress fail; Stop uses it. `lone` (optional): the model for a batch that starts while no
@@ -188,6 +193,7 @@ class Batcher {
   void ScoredLocked(const Batch& b, const std::vector<float>& scores, double ms, Answers* answers);
   // Without mu_.
   void Run(const Batch& b, const BatchModel& model, bool lone);
+  void LoneEndedLocked(const Batch& b);
   void Answer(Answers& answers);
   int64_t NowUs() const;
 
@@ -214,6 +220,10 @@ class Batcher {
   int64_t last_rank_ = 0;
   size_t in_flight_ = 0;  // accepted, callback not yet run
   int running_ = 0;       // batches taken and not yet recorded: a lone one is chosen when this is 0
+  // The lone batch running, if one is, and whether another batch started beside it; no lone batch
+  // starts before lone_hold_until_us_ (StallClock::NowUs's clock).
+  bool lone_running_ = false, lone_overlapped_ = false;
+  int64_t lone_hold_until_us_ = 0;
   bool accepting_ = true, stopping_ = false;
 
   // The batcher threads, one per model worker: each plans, then runs, one batch at a time. Started by

@@ -66,7 +66,7 @@ struct Harness {
   // FIFO batching, or cost_aware with `cost`; `workers` model workers, all this stand-in.
   explicit Harness(int64_t max_batch_size, int64_t delay_us = 0, int64_t max_queue = 4096,
                    std::shared_ptr<CostModel> cost = nullptr, int workers = 1, int64_t max_wait_us = 0,
-                   double seed = 0, bool lone = false) {
+                   double seed = 0, bool lone = false, int64_t lone_hold_us = 1'000'000) {
     Batcher::Options o;
     o.planner = PlannerConfig{max_batch_size, 1 << 20, delay_us, cost ? BatchingMode::kCostAware : BatchingMode::kFifo};
     o.max_queue_sequences = max_queue;
@@ -74,6 +74,7 @@ struct Harness {
     o.cost = std::move(cost);
     o.max_queue_wait_us = max_wait_us;
     o.seed_us_per_token = seed;
+    o.lone_hold_us = lone_hold_us;
     const std::vector<BatchModel> models(size_t(workers), [this](const PackedBatch& b) { return Model(b); });
     BatchModel lone_model;
     if (lone) {
@@ -546,7 +547,8 @@ TEST(Batcher, StopAbortsTheRunsOfEveryWorker) {
 }
 
 TEST(Batcher, ABatchAloneRunsOnTheLoneModelAndOneBesideItOnItsWorker) {
-  Harness h(/*max_batch_size=*/1, /*delay_us=*/0, 4096, nullptr, /*workers=*/2, 0, 0, /*lone=*/true);
+  Harness h(/*max_batch_size=*/1, /*delay_us=*/0, 4096, nullptr, /*workers=*/2, 0, 0, /*lone=*/true,
+            /*lone_hold_us=*/300'000);
   h.gated = true;
   auto a = Submit(*h.batcher, {{1}});
   ASSERT_TRUE(h.gate.WaitEntered(1));  // alone: every thread
@@ -555,9 +557,42 @@ TEST(Batcher, ABatchAloneRunsOnTheLoneModelAndOneBesideItOnItsWorker) {
   h.gate.Open();
   EXPECT_EQ(Get(*a).scores, std::vector<float>{1001});
   EXPECT_EQ(Get(*b).scores, std::vector<float>{2001});
-  EXPECT_EQ(Get(*Submit(*h.batcher, {{3}})).scores, std::vector<float>{3001});  // alone again
-  EXPECT_EQ(h.Batches(), (Batches{{1}, {2}, {3}}));
+  // Batches ran at once: the next ones stay on the workers' sessions for the hold, then alone again.
+  EXPECT_EQ(Get(*Submit(*h.batcher, {{3}})).scores, std::vector<float>{3001});
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  EXPECT_EQ(Get(*Submit(*h.batcher, {{4}})).scores, std::vector<float>{4001});
+  EXPECT_EQ(h.Batches(), (Batches{{1}, {2}, {3}, {4}}));
+  EXPECT_EQ(h.LoneBatches(), (Batches{{1}, {4}}));
+}
+
+TEST(Batcher, WorkArrivingWhileALoneBatchRunsHoldsLoneBatches) {
+  // One worker: the second request waits for the lone batch (nothing runs beside it), and still shows
+  // a load of more than one request at a time.
+  Harness h(/*max_batch_size=*/1, /*delay_us=*/0, 4096, nullptr, /*workers=*/1, 0, 0, /*lone=*/true,
+            /*lone_hold_us=*/300'000);
+  h.gated = true;
+  auto a = Submit(*h.batcher, {{1}});
+  ASSERT_TRUE(h.gate.WaitEntered(1));
+  auto b = Submit(*h.batcher, {{2}});
+  h.gate.Open();
+  EXPECT_EQ(Get(*a).scores, std::vector<float>{1001});
+  EXPECT_EQ(Get(*b).scores, std::vector<float>{2001});
+  EXPECT_EQ(h.LoneBatches(), Batches{{1}});  // the one left waiting ran on the worker
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  EXPECT_EQ(Get(*Submit(*h.batcher, {{3}})).scores, std::vector<float>{3001});
   EXPECT_EQ(h.LoneBatches(), (Batches{{1}, {3}}));
+}
+
+TEST(Batcher, ALoneBatchOfSeveralRequestsHoldsLoneBatches) {
+  // Two requests batched together (the planner waited for a partner), nothing beside or after them.
+  Harness h(/*max_batch_size=*/8, /*delay_us=*/200'000, 4096, nullptr, /*workers=*/2, 0, 0, /*lone=*/true);
+  auto a = Submit(*h.batcher, {{1}});
+  auto b = Submit(*h.batcher, {{2}});
+  EXPECT_EQ(Get(*a).scores, std::vector<float>{1001});
+  EXPECT_EQ(Get(*b).scores, std::vector<float>{2001});
+  EXPECT_EQ(Get(*Submit(*h.batcher, {{3}})).scores, std::vector<float>{3001});
+  EXPECT_EQ(h.Batches(), (Batches{{1, 2}, {3}}));
+  EXPECT_EQ(h.LoneBatches(), (Batches{{1, 2}}));
 }
 
 TEST(Batcher, ABatchThatLeavesWorkWaitingRunsOnItsWorker) {

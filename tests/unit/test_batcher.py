@@ -56,7 +56,7 @@ class Harness:
 
     def __init__(self, max_batch_size: int, delay_us: int = 0, max_queue: int = 4096, mode: str = FIFO,
                  cost: CostTable | None = None, workers: int = 1, max_wait_us: int = 0, seed: float = 0.0,
-                 lone: bool = False):
+                 lone: bool = False, lone_hold_us: int = 1_000_000):
         self.metrics = Metrics("test", "v0")
         self.gate = Gate()
         self.gated = False  # set before the first submit
@@ -65,7 +65,8 @@ class Harness:
         self.batches: list[list[int]] = []  # the first id of each sequence of each batch the model saw
         self.lone_batches: list[list[int]] = []  # those of them that ran on the lone model
         opts = Batcher.Options(PlannerConfig(max_batch_size, 1 << 20, delay_us, mode), max_queue, 0,
-                               CostModel(cost) if cost is not None else None, max_wait_us, seed)
+                               CostModel(cost) if cost is not None else None, max_wait_us, seed,
+                               lone_hold_us=lone_hold_us)
         self.batcher = Batcher(opts, [self.model] * workers, self.metrics, self.abort,
                                lone=self.lone_model if lone else None)
 
@@ -448,7 +449,7 @@ def test_two_model_workers_run_two_batches_at_once():
 
 
 def test_a_batch_alone_runs_on_the_lone_model_and_one_beside_it_on_its_worker():
-    h = Harness(max_batch_size=1, workers=2, lone=True)
+    h = Harness(max_batch_size=1, workers=2, lone=True, lone_hold_us=300_000)
     h.gated = True
     a = submit(h.batcher, [[1]])
     assert h.gate.wait_entered(1)  # alone: every thread
@@ -456,9 +457,40 @@ def test_a_batch_alone_runs_on_the_lone_model_and_one_beside_it_on_its_worker():
     assert h.gate.wait_entered(2)  # beside it: its worker's session
     h.gate.open()
     assert (a.get().scores, b.get().scores) == ([1001], [2001])
-    assert submit(h.batcher, [[3]]).get().scores == [3001]  # alone again
-    assert h.batches == [[1], [2], [3]]
+    # Batches ran at once: the next ones stay on the workers' sessions for the hold, then alone again.
+    assert submit(h.batcher, [[3]]).get().scores == [3001]
+    time.sleep(0.4)
+    assert submit(h.batcher, [[4]]).get().scores == [4001]
+    assert h.batches == [[1], [2], [3], [4]]
+    assert h.lone_batches == [[1], [4]]
+    h.batcher.stop()
+
+
+def test_work_arriving_while_a_lone_batch_runs_holds_lone_batches():
+    # One worker: the second request waits for the lone batch (nothing runs beside it), and still
+    # shows a load of more than one request at a time.
+    h = Harness(max_batch_size=1, workers=1, lone=True, lone_hold_us=300_000)
+    h.gated = True
+    a = submit(h.batcher, [[1]])
+    assert h.gate.wait_entered(1)
+    b = submit(h.batcher, [[2]])
+    h.gate.open()
+    assert (a.get().scores, b.get().scores) == ([1001], [2001])
+    assert h.lone_batches == [[1]]  # the one left waiting ran on the worker
+    time.sleep(0.4)
+    assert submit(h.batcher, [[3]]).get().scores == [3001]
     assert h.lone_batches == [[1], [3]]
+    h.batcher.stop()
+
+
+def test_a_lone_batch_of_several_requests_holds_lone_batches():
+    # Two requests batched together (the planner waited for a partner), nothing beside or after them.
+    h = Harness(max_batch_size=8, delay_us=200_000, workers=2, lone=True)
+    a, b = submit(h.batcher, [[1]]), submit(h.batcher, [[2]])
+    assert (a.get().scores, b.get().scores) == ([1001], [2001])
+    assert submit(h.batcher, [[3]]).get().scores == [3001]
+    assert h.batches == [[1, 2], [3]]
+    assert h.lone_batches == [[1, 2]]
     h.batcher.stop()
 
 

@@ -129,6 +129,11 @@ class Batcher:
         # Told when work waits and when batches start and end (core/liveness.py): liveness reads it
         # without _mu, so it answers while a batcher thread is stuck. None: not tracked.
         progress: StallClock | None = None
+        # After a lone batch that showed more than one caller's work (another batch started beside it,
+        # work arrived while it ran, or it held several requests), batches run on the workers' sessions
+        # for this long before a lone one is tried again (docs/batching.md, "Threads"). C++'s
+        # Options::lone_hold_us.
+        lone_hold_us: int = 1_000_000
 
     def __init__(self, opts: Options, model: BatchModel | list[BatchModel], metrics: Metrics,
                  abort: Callable[[], None] | None = None, lone: BatchModel | None = None):
@@ -157,6 +162,10 @@ class Batcher:
         self._last_rank = 0
         self._in_flight = 0  # accepted, callback not yet run
         self._running = 0  # batches taken and not yet recorded: a lone one is chosen when this is 0
+        # The lone batch running, if one is, and whether another batch started beside it; no lone batch
+        # starts before _lone_hold_until_us (_now_us's clock).
+        self._lone_running = self._lone_overlapped = False
+        self._lone_hold_until_us = 0
         self._accepting = True
         self._stopping = False
         # The batcher threads, one per model worker: each plans, then runs, one batch at a time.
@@ -299,16 +308,22 @@ class Batcher:
                 batch = self._next_batch_locked(answers)
                 run_on = model
                 if batch is not None:
+                    now = _now_us()
                     if self._queue:
                         self._work_cv.notify()  # work is left: an idle worker may take the next batch
-                    elif self._running == 0 and self._lone is not None:
+                    elif self._running == 0 and self._lone is not None and now >= self._lone_hold_until_us:
                         # Alone, and nothing waits to join it: every thread. A batch taken while it runs
-                        # goes to its own worker's session and shares the cores until this one ends.
+                        # goes to its own worker's session and shares the cores until this one ends;
+                        # then lone batches pause (_lone_ended_locked).
                         run_on = self._lone
+                    if run_on is not model:
+                        self._lone_running, self._lone_overlapped = True, False
+                    elif self._lone_running:
+                        self._lone_overlapped = True
                     self._running += 1
                     # Here, not when the batch left the queue: taking it and counting it running are one
                     # step under _mu, so the clock never sees the work gone between the two.
-                    batch.started_us = _now_us()
+                    batch.started_us = now
                     if self._opts.progress is not None:
                         self._opts.progress.batch_started(batch.started_us, len(self._queue))
             self._answer(answers)
@@ -381,6 +396,8 @@ class Batcher:
             if self._opts.cost is not None and error is None and not lone:
                 self._opts.cost.observe(len(b.seqs), b.input_ids.shape[1], ms / 1e3)
             self._running -= 1
+            if lone:
+                self._lone_ended_locked(b)
             self._work.batch_ended(b.real_tokens)
             if error is None:
                 self._work.observe(ms * 1e3, b.real_tokens)
@@ -394,6 +411,16 @@ class Batcher:
                 for q in b.seqs:
                     self._fail_locked(q.job, error, None, answers)
         self._answer(answers)
+
+    def _lone_ended_locked(self, b: _Batch) -> None:
+        """Precondition: _mu held. A lone batch ended: if it showed more than one caller's work (another
+        batch started beside it, work arrived while it ran, or it held several requests), the load is
+        batches at once, where a thread per batch beats every thread per batch with the cores
+        oversubscribed (docs/batching.md, "Threads"), so no lone batch starts for lone_hold_us."""
+        self._lone_running = False
+        several = any(q.job is not b.seqs[0].job for q in b.seqs)
+        if self._lone_overlapped or self._queue or several:
+            self._lone_hold_until_us = _now_us() + self._opts.lone_hold_us
 
     # ---- shared steps -----------------------------------------------------------------------------------
     def _scored_locked(self, b: _Batch, scores: np.ndarray | None, ms: float, answers: list[Job]) -> None:
