@@ -177,8 +177,8 @@ void Batcher::Loop(const BatchModel& model) {
     const bool work_left = batch && !queue_.empty();
     const int64_t now_us = StallClock::NowUs();
     // Alone, and nothing waits to join it: every thread. A batch taken while it runs goes to its own
-    // worker's session and shares the cores until this one ends; when that happens, the load is more
-    // than one batch at a time, and lone batches pause (LoneEndedLocked).
+    // worker's session and shares the cores until this one ends. Lone batches pause while batches
+    // show more than one caller's work (LoneHoldLocked).
     const bool lone = batch && !work_left && running_ == 0 && lone_ && now_us >= lone_hold_until_us_;
     if (batch) {
       if (lone) {
@@ -279,7 +279,7 @@ void Batcher::Run(const Batch& b, const BatchModel& model, bool lone) {
     // a client may retry on another replica (docs/contract.md allows only OK or UNAVAILABLE then).
     if (!error.ok() && stopping_) error = Draining();
     --running_;
-    if (lone) LoneEndedLocked(b);
+    LoneHoldLocked(b, lone);
     // The cost table describes the workers' sessions, where batches run under load, which is where the
     // planner's choices matter: a lone run, on every thread, would skew it.
     if (opts_.cost && error.ok() && !lone) opts_.cost->Observe(int64_t(b.seqs.size()), b.packed.longest, ms / 1e3);
@@ -297,15 +297,17 @@ void Batcher::Run(const Batch& b, const BatchModel& model, bool lone) {
   Answer(answers);
 }
 
-// Precondition: mu_ held. A lone batch ended: if it showed more than one caller's work (another batch
-// started beside it, work arrived while it ran, or it held several requests), the load is batches at
-// once, where a thread per batch beats every thread per batch with the cores oversubscribed
-// (docs/batching.md, "Threads"), so no lone batch starts for opts_.lone_hold_us.
-void Batcher::LoneEndedLocked(const Batch& b) {
-  lone_running_ = false;
+// Precondition: mu_ held, `b` counted out of running_. A batch that ended showing more than one
+// caller's work (another batch running or started beside it, work waiting, or several requests in it)
+// means batches at once, where a thread per batch beats every thread per batch with the cores
+// oversubscribed (docs/batching.md, "Threads"): no lone batch starts for opts_.lone_hold_us. One that
+// ended showing none means a lone caller: the next batch alone may take every thread at once.
+void Batcher::LoneHoldLocked(const Batch& b, bool lone) {
   bool several = false;
   for (const Queued& q : b.seqs) several = several || q.job != b.seqs.front().job;
-  if (lone_overlapped_ || !queue_.empty() || several) lone_hold_until_us_ = StallClock::NowUs() + opts_.lone_hold_us;
+  const bool concurrent = several || !queue_.empty() || running_ > 0 || (lone && lone_overlapped_);
+  if (lone) lone_running_ = false;
+  lone_hold_until_us_ = concurrent ? StallClock::NowUs() + opts_.lone_hold_us : 0;
 }
 
 // ---- shared steps ---------------------------------------------------------------------------------------

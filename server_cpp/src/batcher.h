@@ -115,9 +115,9 @@ class Batcher {
     // so it answers while a batcher thread is stuck. Shared with the gauge and the liveness watch,
     // which may outlive the batcher. nullptr: not tracked.
     std::shared_ptr<StallClock> progress;
-    // After a lone batch that showed more than one caller's work (another batch started beside it,
-    // work arrived while it ran, or it held several requests), batches run on the workers' sessions
-    // for this long before a lone one is tried again (docs/batching.md, "Threads"). Python's
+    // After a batch that showed more than one caller's work (another batch running or started beside
+    // it, work waiting when it ended, or several requests in it), batches run on the workers' sessions
+    // until one ends showing none, or for this long (docs/batching.md, "Threads"). Python's
     // Options.lone_hold_us.
     int64_t lone_hold_us = 1'000'000;
   };
@@ -193,7 +193,7 @@ class Batcher {
   void ScoredLocked(const Batch& b, const std::vector<float>& scores, double ms, Answers* answers);
   // Without mu_.
   void Run(const Batch& b, const BatchModel& model, bool lone);
-  void LoneEndedLocked(const Batch& b);
+  void LoneHoldLocked(const Batch& b, bool lone);
   void Answer(Answers& answers);
   int64_t NowUs() const;
 

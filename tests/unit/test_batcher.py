@@ -449,48 +449,66 @@ def test_two_model_workers_run_two_batches_at_once():
 
 
 def test_a_batch_alone_runs_on_the_lone_model_and_one_beside_it_on_its_worker():
-    h = Harness(max_batch_size=1, workers=2, lone=True, lone_hold_us=300_000)
+    h = Harness(max_batch_size=1, workers=2, lone=True)
     h.gated = True
     a = submit(h.batcher, [[1]])
     assert h.gate.wait_entered(1)  # alone: every thread
     b = submit(h.batcher, [[2]])
     assert h.gate.wait_entered(2)  # beside it: its worker's session
+    c = submit(h.batcher, [[3]])  # waits for a worker
     h.gate.open()
-    assert (a.get().scores, b.get().scores) == ([1001], [2001])
-    # Batches ran at once: the next ones stay on the workers' sessions for the hold, then alone again.
-    assert submit(h.batcher, [[3]]).get().scores == [3001]
-    time.sleep(0.4)
+    assert (a.get().scores, b.get().scores, c.get().scores) == ([1001], [2001], [3001])
+    # Batches ran at once, so the one left waiting ran on its worker's session. Whether the next one
+    # alone does depends on which of them ended last (the lone one, overlapped, holds); a batch that
+    # ends alone, showing no other work, gives every thread back to the one after it.
     assert submit(h.batcher, [[4]]).get().scores == [4001]
-    assert h.batches == [[1], [2], [3], [4]]
-    assert h.lone_batches == [[1], [4]]
+    assert submit(h.batcher, [[5]]).get().scores == [5001]
+    assert h.batches == [[1], [2], [3], [4], [5]]
+    assert h.lone_batches in ([[1], [5]], [[1], [4], [5]])
     h.batcher.stop()
 
 
 def test_work_arriving_while_a_lone_batch_runs_holds_lone_batches():
     # One worker: the second request waits for the lone batch (nothing runs beside it), and still
     # shows a load of more than one request at a time.
-    h = Harness(max_batch_size=1, workers=1, lone=True, lone_hold_us=300_000)
+    h = Harness(max_batch_size=1, workers=1, lone=True)
     h.gated = True
     a = submit(h.batcher, [[1]])
     assert h.gate.wait_entered(1)
     b = submit(h.batcher, [[2]])
     h.gate.open()
     assert (a.get().scores, b.get().scores) == ([1001], [2001])
-    assert h.lone_batches == [[1]]  # the one left waiting ran on the worker
-    time.sleep(0.4)
-    assert submit(h.batcher, [[3]]).get().scores == [3001]
-    assert h.lone_batches == [[1], [3]]
+    assert submit(h.batcher, [[3]]).get().scores == [3001]  # [2] ended alone: every thread again
+    assert h.lone_batches == [[1], [3]]  # the one left waiting ran on the worker
     h.batcher.stop()
 
 
-def test_a_lone_batch_of_several_requests_holds_lone_batches():
-    # Two requests batched together (the planner waited for a partner), nothing beside or after them.
-    h = Harness(max_batch_size=8, delay_us=200_000, workers=2, lone=True)
+def _several_after_a_lone_one(h: Harness) -> None:
+    """[9] alone (every thread), [1] and [2] queued behind it: one batch of two requests after it."""
+    h.gated = True
+    blocker = submit(h.batcher, [[9]])
+    assert h.gate.wait_entered(1)
     a, b = submit(h.batcher, [[1]]), submit(h.batcher, [[2]])
-    assert (a.get().scores, b.get().scores) == ([1001], [2001])
+    h.gate.open()
+    assert (blocker.get().scores, a.get().scores, b.get().scores) == ([9001], [1001], [2001])
+
+
+def test_a_batch_of_several_requests_holds_lone_batches():
+    h = Harness(max_batch_size=8, workers=1, lone=True)
+    _several_after_a_lone_one(h)
+    assert submit(h.batcher, [[3]]).get().scores == [3001]  # held: [1, 2] were two requests at once
+    assert submit(h.batcher, [[4]]).get().scores == [4001]  # [3] ended alone: every thread again
+    assert h.batches == [[9], [1, 2], [3], [4]]
+    assert h.lone_batches == [[9], [4]]
+    h.batcher.stop()
+
+
+def test_the_hold_ends_on_its_own_after_lone_hold_us():
+    h = Harness(max_batch_size=8, workers=1, lone=True, lone_hold_us=200_000)
+    _several_after_a_lone_one(h)
+    time.sleep(0.3)  # no batch ended meanwhile
     assert submit(h.batcher, [[3]]).get().scores == [3001]
-    assert h.batches == [[1, 2], [3]]
-    assert h.lone_batches == [[1, 2]]
+    assert h.lone_batches == [[9], [3]]
     h.batcher.stop()
 
 

@@ -129,9 +129,9 @@ class Batcher:
         # Told when work waits and when batches start and end (core/liveness.py): liveness reads it
         # without _mu, so it answers while a batcher thread is stuck. None: not tracked.
         progress: StallClock | None = None
-        # After a lone batch that showed more than one caller's work (another batch started beside it,
-        # work arrived while it ran, or it held several requests), batches run on the workers' sessions
-        # for this long before a lone one is tried again (docs/batching.md, "Threads"). C++'s
+        # After a batch that showed more than one caller's work (another batch running or started beside
+        # it, work waiting when it ended, or several requests in it), batches run on the workers'
+        # sessions until one ends showing none, or for this long (docs/batching.md, "Threads"). C++'s
         # Options::lone_hold_us.
         lone_hold_us: int = 1_000_000
 
@@ -313,8 +313,9 @@ class Batcher:
                         self._work_cv.notify()  # work is left: an idle worker may take the next batch
                     elif self._running == 0 and self._lone is not None and now >= self._lone_hold_until_us:
                         # Alone, and nothing waits to join it: every thread. A batch taken while it runs
-                        # goes to its own worker's session and shares the cores until this one ends;
-                        # then lone batches pause (_lone_ended_locked).
+                        # goes to its own worker's session and shares the cores until this one ends.
+                        # Lone batches pause while batches show more than one caller's work
+                        # (_lone_hold_locked).
                         run_on = self._lone
                     if run_on is not model:
                         self._lone_running, self._lone_overlapped = True, False
@@ -396,8 +397,7 @@ class Batcher:
             if self._opts.cost is not None and error is None and not lone:
                 self._opts.cost.observe(len(b.seqs), b.input_ids.shape[1], ms / 1e3)
             self._running -= 1
-            if lone:
-                self._lone_ended_locked(b)
+            self._lone_hold_locked(b, lone)
             self._work.batch_ended(b.real_tokens)
             if error is None:
                 self._work.observe(ms * 1e3, b.real_tokens)
@@ -412,15 +412,17 @@ class Batcher:
                     self._fail_locked(q.job, error, None, answers)
         self._answer(answers)
 
-    def _lone_ended_locked(self, b: _Batch) -> None:
-        """Precondition: _mu held. A lone batch ended: if it showed more than one caller's work (another
-        batch started beside it, work arrived while it ran, or it held several requests), the load is
-        batches at once, where a thread per batch beats every thread per batch with the cores
-        oversubscribed (docs/batching.md, "Threads"), so no lone batch starts for lone_hold_us."""
-        self._lone_running = False
+    def _lone_hold_locked(self, b: _Batch, lone: bool) -> None:
+        """Precondition: _mu held, `b` counted out of _running. A batch that ended showing more than one
+        caller's work (another batch running or started beside it, work waiting, or several requests in
+        it) means batches at once, where a thread per batch beats every thread per batch with the cores
+        oversubscribed (docs/batching.md, "Threads"): no lone batch starts for lone_hold_us. One that
+        ended showing none means a lone caller: the next batch alone may take every thread at once."""
         several = any(q.job is not b.seqs[0].job for q in b.seqs)
-        if self._lone_overlapped or self._queue or several:
-            self._lone_hold_until_us = _now_us() + self._opts.lone_hold_us
+        concurrent = several or bool(self._queue) or self._running > 0 or (lone and self._lone_overlapped)
+        if lone:
+            self._lone_running = False
+        self._lone_hold_until_us = _now_us() + self._opts.lone_hold_us if concurrent else 0
 
     # ---- shared steps -----------------------------------------------------------------------------------
     def _scored_locked(self, b: _Batch, scores: np.ndarray | None, ms: float, answers: list[Job]) -> None:
