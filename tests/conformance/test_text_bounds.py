@@ -17,6 +17,7 @@ import pytest
 
 import servers
 from rmscore_tools import kinds
+from rmscore_tools.observe import cpu_s
 
 KINDS = [k for k in servers.frontend_kinds() if kinds.get(k).language == "python"]
 HUGE = "word " * (3 * (1 << 20))  # 15 MiB of text
@@ -140,14 +141,6 @@ def test_huge_text_in_a_stream_is_refused_fast(server):
     assert message.startswith(f"sequence.text.response: {len(HUGE)} characters exceed max_text_chars"), message
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (/proc/PID/stat)."""
-    import os
-
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def test_tokenizing_stops_when_the_caller_goes(server):
     """Texts under the cap but many of them (about 6 s of tokenizing here); the client goes after
     0.5 s. The server stops between pieces: little CPU after that. Before, it tokenized on for seconds."""
@@ -176,9 +169,9 @@ def test_tokenizing_stops_when_the_caller_goes(server):
                     assert e.code() == grpc.StatusCode.DEADLINE_EXCEEDED, e
     send()
     time.sleep(0.5)  # the piece running when the caller went may finish
-    before = cpu_seconds(server.proc.pid)
+    before = cpu_s(server.proc.pid)
     time.sleep(1.5)
-    spent = cpu_seconds(server.proc.pid) - before
+    spent = cpu_s(server.proc.pid) - before
     assert spent < 0.4, f"{spent:.2f} CPU-s spent after the caller went"
     # And the server still answers text at once.
     with Probes(server) as probes:

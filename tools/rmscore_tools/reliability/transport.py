@@ -16,7 +16,7 @@ import threading
 import time
 
 from rmscore_tools import caller
-from rmscore_tools.observe import rss_mb
+from rmscore_tools.observe import cpu_s, rss_mb
 from rmscore_tools.reliability.faults import call_outcome
 
 PROBE_IDS = [[101, 7592, 2088, 102]]
@@ -24,14 +24,6 @@ SCORE_PATH = "/rmscore.v1.RewardModel/Score"
 STREAM_PATH = "/rmscore.v1.RewardModel/ScoreStream"
 FAST_REFUSAL_MS = 100.0
 PROBE_TIMEOUT_S = 2.0  # the issue's probe: a 2 s deadline
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (/proc/PID/stat, clock ticks)."""
-    import os
-
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Prober:

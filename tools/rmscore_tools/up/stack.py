@@ -237,10 +237,9 @@ def cpu_seconds(pid: int) -> float:
     total = 0.0
     for p in [pid, *observe.descendants(pid)]:
         try:
-            fields = pathlib.Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += observe.cpu_s(p)
         except OSError:
             continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
 
 
