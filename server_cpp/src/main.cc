@@ -323,7 +323,7 @@ void SelfCheck(ModelRunner& runner, const Manifest& manifest, const Config& cfg)
   const SelfCheckReference ref = SelfCheckReferenceFor(manifest, cfg.precision);
   const double diff = runner.SelfCheck(manifest, cfg.precision);
   std::cout << "rmscore self-check " << ToString(cfg.precision) << " graph=" << runner.graph_path()
-            << " golden=" << manifest.golden_inputs.size() << " (alone and as one padded batch) vs " << ref.what
+            << " golden=" << manifest.golden_inputs.size() << " alone, " << SelfCheckPaddedRows(manifest.golden_inputs).size() << " as one padded batch, vs " << ref.what
             << " max_abs_diff=" << diff << " tolerance=" << ref.tolerance << std::endl;
   if (!(diff <= ref.tolerance)) {
     std::ostringstream msg;
@@ -346,16 +346,19 @@ struct LivenessParts {
 };
 
 // Admission's first rate (admission.h), model microseconds per token: one batch of sequences as long
-// as the model takes (up to kSeedLength) timed once; the batches served refine it from the first one
-// on. Long, because a token costs more in a long sequence: seeded from 64 tokens the rate was half
-// the real one while the first 512-token batches ran, and a probe admitted on it expired in the
-// queue. As server_py's _work_seed (its docstring says more).
+// as the model takes (up to kSeedLength); the batches served refine it from the first one on. Long,
+// because a token costs more in a long sequence: seeded from 64 tokens the rate was half the real one
+// while the first 512-token batches ran, and a probe admitted on it expired in the queue. Read from
+// the cost table where there is one (it timed that shape, at this start or one with the same
+// identity), else timed once here: a second of every start at 512 tokens. As server_py's _work_seed
+// (its docstring says more).
 constexpr int64_t kSeedLength = 512;
 
-double WorkSeed(ModelRunner& runner, const Config& cfg, const Manifest& manifest) {
+double WorkSeed(ModelRunner& runner, const Config& cfg, const Manifest& manifest, const CostModel* cost) {
   PackedBatch b;
   b.batch = std::min<int64_t>(8, cfg.max_batch_size);
   b.longest = std::min<int64_t>(kSeedLength, manifest.max_sequence_length);
+  if (cost) return double(cost->table().BatchUs(b.batch, b.longest)) / double(b.batch * b.longest);
   b.input_ids.assign(size_t(b.batch * b.longest), 1);
   b.attention_mask.assign(size_t(b.batch * b.longest), 1);
   b.real_tokens = b.batch * b.longest;
@@ -393,7 +396,7 @@ Loaded LoadModel(const Config& cfg, const Manifest& manifest, const sigset_t& si
   if (StopPending(signals)) return {};
   SelfCheck(first, manifest, cfg);
   if (StopPending(signals)) return {};
-  const double seed = WorkSeed(first, cfg, manifest);
+  const double seed = WorkSeed(first, cfg, manifest, cost.get());
   return {std::move(sessions), std::move(cost), seed};
 }
 

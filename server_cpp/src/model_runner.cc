@@ -93,15 +93,25 @@ double ModelRunner::SelfCheck(const Manifest& m, Precision precision) {
     const double d = std::fabs(double(got) - double(want));
     max_diff = std::max(max_diff, std::isfinite(d) ? d : INFINITY);
   };
-  std::vector<SeqView> all;
-  for (size_t i = 0; i < m.golden_inputs.size(); ++i) {
-    const auto& ids = m.golden_inputs[i];
-    all.push_back(SeqView{ids.data(), int64_t(ids.size())});
-    check(Run(Pack({all.back()}, m.pad_token_id))[0], ref[i]);
-  }
-  const std::vector<float> batched = Run(Pack(all, m.pad_token_id));
-  for (size_t i = 0; i < batched.size(); ++i) check(batched[i], ref[i]);
+  auto view = [&](size_t i) { return SeqView{m.golden_inputs[i].data(), int64_t(m.golden_inputs[i].size())}; };
+  for (size_t i = 0; i < m.golden_inputs.size(); ++i) check(Run(Pack({view(i)}, m.pad_token_id))[0], ref[i]);
+  const std::vector<size_t> rows = SelfCheckPaddedRows(m.golden_inputs);
+  std::vector<SeqView> padded;
+  for (size_t i : rows) padded.push_back(view(i));
+  const std::vector<float> batched = Run(Pack(padded, m.pad_token_id));
+  for (size_t k = 0; k < rows.size(); ++k) check(batched[k], ref[rows[k]]);
   return max_diff;
+}
+
+std::vector<size_t> SelfCheckPaddedRows(const std::vector<std::vector<int64_t>>& inputs) {
+  std::vector<size_t> order(inputs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return inputs[a].size() < inputs[b].size(); });
+  if (order.size() <= kSelfCheckPaddedRows) return order;
+  std::vector<size_t> rows{order.back()};  // the longest sets the padded length
+  rows.insert(rows.end(), order.begin(), order.begin() + (kSelfCheckPaddedRows - 1));
+  return rows;
 }
 
 }  // namespace rmscore

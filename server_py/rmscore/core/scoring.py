@@ -135,7 +135,7 @@ class ScoringCore:
                                                               self.cfg.max_batch_tokens, self.repo.max_sequence_length)
             note, warning = threshold_note(self.cfg.liveness_stall_seconds, longest)
             print(note, file=sys.stderr if warning else sys.stdout, flush=True)
-            seed = self._work_seed()
+            seed = self._work_seed(cost)
             diff = self.runtime.self_check(self.backend, self.repo, self.cfg.precision)
             progress(f"self-check passed: max abs diff {diff:.2e} against the golden scores")
             self._baseline_recompiles = self.backend.recompiles()
@@ -196,14 +196,18 @@ class ScoringCore:
             return
         progress(f"cost profile saved to {path}")
 
-    def _work_seed(self) -> float:
+    def _work_seed(self, cost) -> float:
         """Admission's first rate (core/admission.py), model microseconds per token: one batch of
-        sequences as long as the model takes (up to SEED_LENGTH) timed once; the batches served refine
-        it from the first one on. Long, because a token costs more in a long sequence (attention):
-        seeded from 64-token sequences, the rate was half the real one while the first 512-token
-        batches ran, and a probe admitted on it then expired in the queue (a 2.2 s answer to a 2 s
-        deadline, CI). Erring long refuses early a little too readily, for one or two batches."""
+        sequences as long as the model takes (up to SEED_LENGTH); the batches served refine it from the
+        first one on. Long, because a token costs more in a long sequence (attention): seeded from
+        64-token sequences, the rate was half the real one while the first 512-token batches ran, and a
+        probe admitted on it then expired in the queue (a 2.2 s answer to a 2 s deadline, CI). Erring
+        long refuses early a little too readily, for one or two batches. Read from the cost table where
+        there is one (it timed that shape, at this start or one with the same identity), else timed once
+        here: a second of every start at 512 tokens."""
         b, n = min(8, self.cfg.max_batch_size), min(SEED_LENGTH, self.repo.max_sequence_length)
+        if cost is not None:
+            return cost.table.batch_us(b, n) / (b * n)
         ids = np.full((b, n), min(1000, self.repo.vocab_size - 1), np.int64)
         t = time.perf_counter()
         self.backend.score(ids, np.ones((b, n), np.int64))
