@@ -1,6 +1,7 @@
 """The cost table, its online refinement and the profile file (core/cost.py, core/cost_profile.py)."""
 
 import json
+import random
 
 import pytest
 
@@ -143,3 +144,31 @@ def test_a_cached_profile_that_does_not_match_is_measured_again_saying_why(tmp_p
     assert "cannot read a cost profile" in said[-1] and said[-1].endswith("(the file will be replaced)")
     cost_profile.save(path, table(), IDENTITY, 1.5)
     assert cost_profile.load_cached(path, IDENTITY, said.append) == (table(), 1)
+
+
+def _rule(xs, x, f):
+    """The documented interpolation, as plainly as it can be written: linear between grid points, the
+    first point's value below them, proportional past the last."""
+    if x <= xs[0]:
+        return f(0)
+    if x >= xs[-1]:
+        return f(len(xs) - 1) * x // xs[-1]
+    i = max(k for k in range(len(xs)) if xs[k] <= x)
+    return f(i) + (f(i + 1) - f(i)) * (x - xs[i]) // (xs[i + 1] - xs[i])
+
+
+def test_batch_us_is_the_rule_at_every_point():
+    rng = random.Random(5)
+    t = CostTable.make([1, 2, 4, 8, 16, 32], [16, 32, 64, 128, 256, 512],
+                       [[rng.randint(1, 200_000) for _ in range(6)] for _ in range(6)])
+    for count in range(1, 70):
+        for length in range(1, 600, 7):
+            want = _rule(t.batch_sizes, count, lambda i: _rule(t.lengths, length, lambda j: t.cost_us[i][j]))
+            assert t.batch_us(count, length) == want, (count, length)
+
+
+def test_the_planners_memo_is_the_tables_own():
+    model = CostModel(CostTable.make([1, 4], [16, 128], [[100, 900], [300, 3000]]))
+    model.table.memo["x"] = 1
+    model.observe(4, 128, 0.005)
+    assert model.table.memo == {}  # a refined table is a new one: nothing it did not answer itself

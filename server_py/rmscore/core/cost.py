@@ -17,8 +17,8 @@ machine as it drifts (other processes, thermal limits).
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Sequence
 
 
 class CostError(ValueError):
@@ -33,24 +33,14 @@ def _nondecreasing(values: list[int]) -> list[int]:
     return out
 
 
-def _interp(xs: Sequence[int], x: int, f: Callable[[int], int]) -> int:
-    """f at x from f at the grid points xs (ascending): linear between points, the first point's
-    value below them, proportional past the last."""
-    if x <= xs[0]:
-        return f(0)
-    last = len(xs) - 1
-    if x >= xs[last]:
-        return f(last) * x // xs[last]
-    i = bisect.bisect_right(xs, x) - 1
-    lo, hi = f(i), f(i + 1)
-    return lo + (hi - lo) * (x - xs[i]) // (xs[i + 1] - xs[i])
-
-
 @dataclass(frozen=True)
 class CostTable:
     batch_sizes: tuple[int, ...]
     lengths: tuple[int, ...]
     cost_us: tuple[tuple[int, ...], ...]  # [batch index][length index]
+    #: Answers that depend on this table alone, kept by who asks (the planner's best size per length):
+    #: a table is never changed, a refined one is a new table with an empty memo.
+    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     @staticmethod
     def make(batch_sizes: Sequence[int], lengths: Sequence[int], cost_us: Sequence[Sequence[int]]) -> "CostTable":
@@ -71,9 +61,32 @@ class CostTable:
                          tuple(tuple(r) for r in rows))
 
     def batch_us(self, count: int, length: int) -> int:
-        """Model microseconds of `count` sequences padded to `length` tokens (both >= 1)."""
-        return _interp(self.batch_sizes, count,
-                       lambda i: _interp(self.lengths, length, lambda j: self.cost_us[i][j]))
+        """Model microseconds of `count` sequences padded to `length` tokens (both >= 1). `_interp`
+        linear between grid points, the first point's value below them, proportional past the last; over
+        L first, then over B. Written out: the planner asks this for every size it weighs, and nested
+        closures were most of a decision's time."""
+        ls, bs = self.lengths, self.batch_sizes
+        if length <= ls[0]:
+            j, num, den = 0, 0, 1
+        elif length >= ls[-1]:
+            j, num, den = -1, length, ls[-1]
+        else:
+            j = bisect.bisect_right(ls, length) - 1
+            num, den = length - ls[j], ls[j + 1] - ls[j]
+
+        def at(row: tuple[int, ...]) -> int:  # the row's value at `length`
+            if j == -1:
+                return row[-1] * num // den
+            return row[j] + (row[j + 1] - row[j]) * num // den if num else row[j]
+
+        c = self.cost_us
+        if count <= bs[0]:
+            return at(c[0])
+        if count >= bs[-1]:
+            return at(c[-1]) * count // bs[-1]
+        i = bisect.bisect_right(bs, count) - 1
+        lo, hi = at(c[i]), at(c[i + 1])
+        return lo + (hi - lo) * (count - bs[i]) // (bs[i + 1] - bs[i])
 
     def to_json(self) -> dict:
         return {"batch_sizes": list(self.batch_sizes), "lengths": list(self.lengths),
