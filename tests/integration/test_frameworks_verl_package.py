@@ -155,8 +155,17 @@ def verl_run(target, tmp_path_factory):
                RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", TOKENIZERS_PARALLELISM="false")
     t0 = time.monotonic()
     try:
-        p = subprocess.run([sys.executable, str(DRIVER)], input=json.dumps({"out": str(out), "runs": runs}),
-                           capture_output=True, text=True, timeout=400, env=env, cwd=tmp_path_factory.mktemp("cwd"))
+        for attempt in (1, 2):
+            p = subprocess.run([sys.executable, str(DRIVER)], input=json.dumps({"out": str(out), "runs": runs}),
+                               capture_output=True, text=True, timeout=400, env=env,
+                               cwd=tmp_path_factory.mktemp("cwd"))
+            # Ray waits a fixed 30 s for its raylet to register (ray/_private/node.py); on 2 loaded cores
+            # it took longer once in a CI run (2026-12-05), in ray.init, before any verl or rmscore code
+            # ran. Ray's own start is not what this checks: the driver (whose exit takes Ray's processes
+            # with it) runs once more, and a second such failure fails the test.
+            if p.returncode == 0 or "timed out during startup" not in p.stderr or attempt == 2:
+                break
+            print(f"verl driver: Ray's node start timed out; running it once more:\n{p.stderr[-1500:]}")
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert p.returncode == 0, f"verl driver failed:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
