@@ -323,7 +323,8 @@ void SelfCheck(ModelRunner& runner, const Manifest& manifest, const Config& cfg)
   const SelfCheckReference ref = SelfCheckReferenceFor(manifest, cfg.precision);
   const double diff = runner.SelfCheck(manifest, cfg.precision);
   std::cout << "rmscore self-check " << ToString(cfg.precision) << " graph=" << runner.graph_path()
-            << " golden=" << manifest.golden_inputs.size() << " alone, " << SelfCheckPaddedRows(manifest.golden_inputs).size() << " as one padded batch, vs " << ref.what
+            << " golden=" << manifest.golden_inputs.size() << " alone, "
+            << SelfCheckPaddedRows(manifest.golden_inputs).size() << " as one padded batch, vs " << ref.what
             << " max_abs_diff=" << diff << " tolerance=" << ref.tolerance << std::endl;
   if (!(diff <= ref.tolerance)) {
     std::ostringstream msg;

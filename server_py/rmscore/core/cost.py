@@ -61,10 +61,10 @@ class CostTable:
                          tuple(tuple(r) for r in rows))
 
     def batch_us(self, count: int, length: int) -> int:
-        """Model microseconds of `count` sequences padded to `length` tokens (both >= 1). `_interp`
-        linear between grid points, the first point's value below them, proportional past the last; over
-        L first, then over B. Written out: the planner asks this for every size it weighs, and nested
-        closures were most of a decision's time."""
+        """Model microseconds of `count` sequences padded to `length` tokens (both >= 1): linear between
+        grid points, the first point's value below them, proportional past the last; over L first, then
+        over B. Written out: the planner asks this for every size it weighs, and nested closures were
+        most of a decision's time."""
         ls, bs = self.lengths, self.batch_sizes
         if length <= ls[0]:
             j, num, den = 0, 0, 1
@@ -77,6 +77,7 @@ class CostTable:
         def at(row: tuple[int, ...]) -> int:  # the row's value at `length`
             if j == -1:
                 return row[-1] * num // den
+            # num 0 (at or below a grid point): row[j + 1] may not exist
             return row[j] + (row[j + 1] - row[j]) * num // den if num else row[j]
 
         c = self.cost_us

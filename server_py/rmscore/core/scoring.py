@@ -196,7 +196,7 @@ class ScoringCore:
             return
         progress(f"cost profile saved to {path}")
 
-    def _work_seed(self, cost) -> float:
+    def _work_seed(self, cost: CostModel | None) -> float:
         """Admission's first rate (core/admission.py), model microseconds per token: one batch of
         sequences as long as the model takes (up to SEED_LENGTH); the batches served refine it from the
         first one on. Long, because a token costs more in a long sequence (attention): seeded from
