@@ -179,6 +179,11 @@ class _AsyncClientBase:
                 if on_chunk is not None:
                     on_chunk(t)
 
+        if len(timings) == 1:
+            # One chunk (a trainer's one-sequence request): awaited here. A task, a wait and a gather
+            # around it cost ~0.3 ms of a ~14 ms call at one in flight (docs/client.md).
+            await chunk(0)
+            return ScoreResult([float(s) for s in scores], timings[0].model_version, list(timings))
         tasks = [asyncio.create_task(chunk(k)) for k in range(len(timings))]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)

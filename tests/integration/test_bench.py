@@ -288,3 +288,20 @@ def test_study_claims_verdicts():
     record = _claims_record(eager_makespans=(0.5, 0.51, 0.52), eager_throughput=(40, 41, 42))
     claims = {c["claim"]: c["agrees"] for c in study_claims(record, summarise(record))}
     assert claims["C++ ORT beats py-grpc-eager (length_aware) with non-overlapping CIs"].startswith("no")
+
+
+def test_client_cost_bench_measures_every_client(tmp_path):
+    """`rmscore bench --client-cost` at its smallest: every client scored through a real server, each
+    compared client with a finite ratio against its bare library, the markdown naming them all."""
+    from rmscore_tools.bench import client_cost
+
+    rec = client_cost.run(tmp_path, rounds=2, calls=4)
+    assert set(rec["clients"]) == set(client_cost.CLIENTS)
+    for name, row in rec["clients"].items():
+        assert row["wall_ms"]["n"] == 2 and row["wall_ms"]["mean"] > 0, (name, row)
+        assert row["client_cpu_ms"]["mean"] > 0, (name, row)
+        if client_cost.CLIENTS[name][1] is not None:
+            assert math.isfinite(row["wall_ratio"]["mean"]) and row["wall_ratio"]["mean"] > 0, (name, row)
+    md = (tmp_path / "client_cost.md").read_text()
+    assert all(f"| {name} |" in md for name in client_cost.CLIENTS), md
+    assert json.loads((tmp_path / "client_cost.json").read_text())["calls"] == 4

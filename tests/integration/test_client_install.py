@@ -53,7 +53,7 @@ def test_wheel_carries_the_stubs_and_no_server_dependency(wheel):
     names_required = {r.replace(" ", "").split("<")[0].split(">")[0].split("=")[0].split("[")[0].lower()
                       for r in requires}
     assert not names_required & SERVER_ONLY, requires
-    assert {"grpcio", "protobuf", "httpx"} <= names_required
+    assert {"grpcio", "protobuf", "aiohttp"} <= names_required
 
 
 def test_installs_without_torch_and_scores(wheel, tmp_path):

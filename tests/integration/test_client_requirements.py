@@ -20,11 +20,12 @@
    GRPC_GENERATED_VERSION: grpcio >= the grpcio-tools that generated it). The range in
    client/pyproject.toml is exactly that, and both ends are installed into fresh virtual
    environments (no torch) where the stubs are imported and a Score call makes a round trip
-   through an in-process grpc.aio server. Just below the floor the import must fail, so the floor
+   through an in-process grpc.aio server, and the HTTP client one through an aiohttp.web server (aiohttp
+   at its floor, then its newest). Just below the floor the import must fail, so the floor
    is not lower than what the stubs accept.
 
 Needs PyPI, as test_client_install.py does. The small installs (the client's build requirements,
-grpcio, protobuf, httpx) are cached in .cache/pip-requirements (git ignores .cache/). The whole
+grpcio, protobuf, aiohttp) are cached in .cache/pip-requirements (git ignores .cache/). The whole
 module takes about a minute (three resolutions of 11 to 21 s, three fresh environments of 2 to 4 s).
 """
 
@@ -136,8 +137,8 @@ def test_client_resolves_next_to_framework(wheel, framework, tmp_path):
     # And the client's own ranges hold too.
     for dep, req in wheel_requires(wheel).items():
         assert req.specifier.contains(version[dep], prereleases=True), (dep, req, version[dep])
-    print(f"{framework}: " + ", ".join(f"{d} {version[d]}" for d in ("grpcio", "grpcio-health-checking", "protobuf",
-                                                                    "httpx") if d in version))
+    print(f"{framework} ({len(version)} packages): " + ", ".join(
+        f"{d} {version[d]}" for d in ("grpcio", "grpcio-health-checking", "protobuf", "aiohttp") if d in version))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,7 +167,38 @@ async def main():
     finally:
         await server.stop(None)
     assert list(reply.scores) == [0.25, 0.25] and reply.model_version == "fixed", reply
+    await http_round_trip()
     print(grpc.__version__, google.protobuf.__version__)
+
+async def http_round_trip():
+    # The HTTP client over this aiohttp: an answer, then a refusal mapped to the contract's error.
+    from aiohttp import web
+    from rmscore_client import AsyncHttpRewardClient, InvalidInput
+
+    async def score(request):
+        seqs = (await request.json())["sequences"]
+        if not seqs[0]["tokens"]:
+            return web.json_response({"error": {"code": "INVALID_ARGUMENT", "message": "empty"}}, status=422)
+        return web.json_response({"scores": [0.5] * len(seqs), "model_version": "fixed", "timings": {}})
+
+    app = web.Application()
+    app.router.add_post("/rmscore/v1/score", score)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        async with AsyncHttpRewardClient(f"http://127.0.0.1:{port}", chunk_size=1, timeout_s=30) as client:
+            assert (await client.score_ids([[1, 2], [3]])).scores == [0.5, 0.5]
+            try:
+                await client.score_ids([[]])
+            except InvalidInput as e:
+                assert "empty" in str(e), e
+            else:
+                raise AssertionError("a 422 was not raised as InvalidInput")
+    finally:
+        await runner.cleanup()
 
 asyncio.run(main())
 """
@@ -183,11 +215,11 @@ def install_into(python: pathlib.Path, *args) -> None:
 
 
 def stub_ends(whl: pathlib.Path) -> dict[str, dict[str, str]]:
-    """The lowest and the highest release each of grpcio, grpcio-health-checking and protobuf may be
-    at under the wheel's declared ranges (the highest: what pip picks from the registry today)."""
+    """The lowest and the highest release each of grpcio, grpcio-health-checking, protobuf and aiohttp
+    may be at under the wheel's declared ranges (the highest: what pip picks from the registry today)."""
     reqs = wheel_requires(whl)
     low = {}
-    for dep in ("grpcio", "grpcio-health-checking", "protobuf"):
+    for dep in ("grpcio", "grpcio-health-checking", "protobuf", "aiohttp"):
         floor = [s.version for s in reqs[dep].specifier if s.operator == ">="]
         assert len(floor) == 1, f"{dep} needs one lower bound, has {reqs[dep]}"
         low[dep] = floor[0]
@@ -216,7 +248,7 @@ def test_stubs_round_trip_at_each_end_of_the_range(wheel, end, tmp_path):
     if end == "lowest":
         for pin in pins:
             dep, v = pin.split("==")
-            assert have[dep] == v, (pin, have[dep])
+            assert Version(have[dep]) == Version(v), (pin, have[dep])
     else:
         # Nothing pinned: pip took the newest release the ranges allow; it must be the newest the
         # index has below the ceiling (so this end moves as the registry does).
@@ -229,7 +261,7 @@ def test_stubs_round_trip_at_each_end_of_the_range(wheel, end, tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.split() == [have["grpcio"], have["protobuf"]]
     print(f"{end}: grpcio {have['grpcio']}, protobuf {have['protobuf']}, "
-          f"grpcio-health-checking {have['grpcio-health-checking']}")
+          f"grpcio-health-checking {have['grpcio-health-checking']}, aiohttp {have['aiohttp']}")
 
 
 def test_stubs_refuse_a_runtime_below_the_floor(wheel, tmp_path):
@@ -244,7 +276,7 @@ def test_stubs_refuse_a_runtime_below_the_floor(wheel, tmp_path):
 
     python = fresh_venv(tmp_path / "env")
     old_pb, old_grpc = below("protobuf", gen_protobuf), below("grpcio", gen_grpc)
-    install_into(python, f"protobuf=={old_pb}", f"grpcio=={old_grpc}", "httpx")
+    install_into(python, f"protobuf=={old_pb}", f"grpcio=={old_grpc}", "aiohttp")
     install_into(python, "--no-deps", str(wheel))
     probe = "import sys, importlib\ntry:\n    importlib.import_module(sys.argv[1])\nexcept Exception as e:\n" \
             "    print(type(e).__name__, e)\nelse:\n    print('imported')\n"

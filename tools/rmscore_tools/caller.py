@@ -40,12 +40,13 @@ def target_of(server) -> str:
 
 
 def http_limits(max_connections: int = 100):
-    """The client's pool limits: idle connections expire before uvicorn's keep-alive closes them
-    (rmscore_client.http_client.KEEPALIVE_EXPIRY_S says why). Imported here, on first use, to keep
-    this module light."""
-    from rmscore_client.http_client import http_limits as limits
+    """The blocking caller's httpx pool: httpx's default sizes, with idle connections expiring before
+    uvicorn's keep-alive closes them (rmscore_client.http_client.KEEPALIVE_EXPIRY_S says why)."""
+    import httpx
+    from rmscore_client.http_client import KEEPALIVE_EXPIRY_S
 
-    return limits(max_connections)
+    return httpx.Limits(max_connections=max_connections, max_keepalive_connections=20,
+                        keepalive_expiry=KEEPALIVE_EXPIRY_S)
 
 
 def async_client(transport: str, target: str, chunk_size: int = 8, timeout_s: float = DEFAULT_TIMEOUT_S):

@@ -7,6 +7,7 @@
     rmscore bench --overhead --preset short --out runs/cpp_bench   # the C++ serving overhead
     rmscore bench --scheduling --out runs/scheduling              # servers vs the best in-process plan
     rmscore bench --planning --out runs/planning                  # one batching decision at 4096 queued
+    rmscore bench --client-cost --out runs/client-cost            # the client's own cost at one in flight
 
 Writes OUT/run.json (every repetition, every latency, and the summary), OUT/report.md and the PNG
 plots next to it. docs/benchmark.md explains each figure. With --overhead, instead: the C++
@@ -65,6 +66,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--planning", action="store_true",
                    help="one batching decision's time with 4096 sequences queued, Python and C++, the queue rebuilt "
                         "against the kept index (bench/planning.py): OUT/planning.md")
+    p.add_argument("--client-cost", action="store_true",
+                   help="what rmscore_client adds to a call at one in flight, beside the bare aiohttp, httpx and "
+                        "grpc.aio clients (bench/client_cost.py): OUT/client_cost.md")
     p.add_argument("--precision", action="store_true",
                    help="each graph precision of --model beside fp32: throughput ratio with intervals and the "
                         "manifest's ranking figures, OUT/precision.md and OUT/precision.png (docs/precision.md)")
@@ -175,6 +179,11 @@ def main(args) -> int:
 
         return precision.main(args.model, args.out, args.repeats or 5, args.intra_op_threads or 2,
                               args.rollout_size or 128)
+    if args.client_cost:
+        from rmscore_tools.bench import client_cost
+
+        print(client_cost.markdown(client_cost.run(pathlib.Path(args.out), rounds=args.repeats or 5)))
+        return 0
     if args.planning:
         from rmscore_tools.bench import planning
 
