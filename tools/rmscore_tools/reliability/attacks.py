@@ -386,7 +386,7 @@ def a_score_pairs(ctx):
     if ctx["transport"] != "http":
         return
     _unary_flood(ctx, 4, lambda i: ("/score", json.dumps(
-        {"text_1": "query " * 100, "text_2": [f"{i} {k} " + "doc " * 250 for k in range(4096)]}).encode()))
+        {"text_1": "query " * 100, "text_2": [f"{i} {k} " + "doc " * 250 for k in range(1024)]}).encode()))
 
 
 def a_slow_headers(ctx):
