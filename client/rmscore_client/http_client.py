@@ -69,8 +69,9 @@ class AsyncHttpRewardClient(_AsyncClientBase):
         self._http = None
 
     def _client(self):
-        # aiohttp, not httpx: at one request in flight httpx's AsyncClient spent 1.8 ms of client CPU a
-        # call against aiohttp's 0.65 ms, on the critical path of a ~15 ms call (docs/client.md).
+        # aiohttp, not httpx: at one request in flight a bare httpx AsyncClient spent 1.61 ms of client
+        # CPU a call against a bare aiohttp session's 0.57 ms, on the critical path of a ~15 ms call
+        # (docs/client.md, rmscore bench --client-cost).
         if self._http is None:
             import aiohttp
 

@@ -172,6 +172,7 @@ async def main():
 
 async def http_round_trip():
     # The HTTP client over this aiohttp: an answer, then a refusal mapped to the contract's error.
+    import socket
     from aiohttp import web
     from rmscore_client import AsyncHttpRewardClient, InvalidInput
 
@@ -185,9 +186,9 @@ async def http_round_trip():
     app.router.add_post("/rmscore/v1/score", score)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    await web.SockSite(runner, sock).start()
     try:
         async with AsyncHttpRewardClient(f"http://127.0.0.1:{port}", chunk_size=1, timeout_s=30) as client:
             assert (await client.score_ids([[1, 2], [3]])).scores == [0.5, 0.5]

@@ -45,8 +45,8 @@ async def _timed(seqs, call) -> tuple[float, float]:
     return (time.perf_counter() - t) / len(seqs) * 1e3, (time.process_time() - c) / len(seqs) * 1e3
 
 
-async def _ours(transport: str, target: str, seqs):
-    client = caller.async_client(transport, target, chunk_size=1, timeout_s=30)
+async def _ours(server, seqs):
+    client = caller.async_client(server.transport, caller.target_of(server), chunk_size=1, timeout_s=30)
     try:
         return await _timed(seqs, lambda s: client.score_ids([s]))
     finally:
@@ -83,10 +83,10 @@ async def _grpc_aio(target: str, seqs):
 
 
 CLIENTS = {  # name: (kind, bare library it is compared with, runner)
-    "http: rmscore_client (aiohttp)": ("py-http-onnxruntime", "http: bare aiohttp", lambda S, q: _ours("http", S.base_url, q)),
+    "http: rmscore_client (aiohttp)": ("py-http-onnxruntime", "http: bare aiohttp", _ours),
     "http: bare aiohttp": ("py-http-onnxruntime", None, lambda S, q: _aiohttp(S.base_url, q)),
     "http: bare httpx": ("py-http-onnxruntime", "http: bare aiohttp", lambda S, q: _httpx(S.base_url, q)),
-    "grpc: rmscore_client": ("cpp-grpc", "grpc: bare grpc.aio", lambda S, q: _ours("grpc", S.target, q)),
+    "grpc: rmscore_client": ("cpp-grpc", "grpc: bare grpc.aio", _ours),
     "grpc: bare grpc.aio": ("cpp-grpc", None, lambda S, q: _grpc_aio(S.target, q)),
 }
 
