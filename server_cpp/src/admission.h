@@ -16,13 +16,12 @@
 // call's peer), every call and stream on it included, and the batcher orders the
 // queue by each caller's own work (batcher.h, "fair order"). So the work ahead of
 // a new request is what ranks before it: the batches running, and the queued
-// sequences ranked at or before where its first would rank (its caller's own
-// queued work, and each other caller's up to there, a sequence that starts there
-// counted whole). The batcher reads that from its index
-// (QueueIndex::TokensThrough) and hands it to Refusal. A new caller waits for the
-// running batches and the sequences tied at the head of the turns (with many
-// callers holding one there, one of each: 80 callers of 512 tokens are seconds of
-// work); a caller that floods is refused for its own work, alone; a request larger
+// sequences whose turn ends at or before its first's would (its caller's own
+// queued work, and each other caller's up to there). The batcher reads that from
+// its index (QueueIndex::TokensThrough) and hands it to Refusal. A new caller
+// waits for the running batches and the sequences that end before its own turn
+// does (80 callers each holding a 512-token sequence at the head are not ahead of
+// a 16-token probe); a caller that floods is refused for its own work, alone; a request larger
 // than the bound is fed to the model in its caller's turns.
 #pragma once
 

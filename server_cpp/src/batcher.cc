@@ -55,7 +55,8 @@ grpc::Status Batcher::Submit(const std::shared_ptr<Job>& job) {
     if (refused.ok()) {
       int64_t longest = 0;
       for (const auto& s : job->seqs_) longest = std::max(longest, s.length);
-      refused = WorkRefusalLocked(arrival, job->deadline_us_, job->caller_, longest);
+      refused = WorkRefusalLocked(arrival, job->deadline_us_, job->caller_, longest,
+                                  job->seqs_.empty() ? 0 : job->seqs_[0].length);
     }
     if (!refused.ok()) {
       job->finished_ = true;  // never answered: a later Cancel does nothing
@@ -69,14 +70,16 @@ grpc::Status Batcher::Submit(const std::shared_ptr<Job>& job) {
     job->first_seq_id_ = next_seq_id_;
     arrivals_.Add(int64_t(job->seqs_.size()), arrival);
     const int64_t head = HeadLocked();
-    int64_t rank = NextRankLocked(job->caller_, head);
+    int64_t start = TurnStartLocked(job->caller_, head);
     for (size_t i = 0; i < job->seqs_.size(); ++i) {
-      index_.Add(Waiting{next_seq_id_, arrival, job->seqs_[i].length, job->deadline_us_}, rank);
+      // Ranked by where its turn ends; the start kept for the head.
+      const int64_t length = job->seqs_[i].length;
+      index_.Add(Waiting{next_seq_id_, arrival, length, job->deadline_us_}, start + length, start);
       queue_.emplace(next_seq_id_++, Queued{job, i, arrival});
-      work_.Add(job->seqs_[i].length, job->caller_);
-      rank += job->seqs_[i].length;
+      work_.Add(length, job->caller_);
+      start += length;
     }
-    turn_end_[job->caller_] = rank;
+    turn_end_[job->caller_] = start;
     if (turn_end_.size() > 64 + 2 * work_.callers()) {
       // Callers whose turns end at or before the head start there anyway: forget them.
       for (auto it = turn_end_.begin(); it != turn_end_.end();) it = it->second <= head ? turn_end_.erase(it) : ++it;
@@ -99,17 +102,17 @@ grpc::Status Batcher::WorkRefusal(std::optional<Clock::time_point> deadline, con
 }
 
 int64_t Batcher::HeadLocked() const {
-  return index_.size() ? std::min(index_.FirstRank(), last_rank_) : last_rank_;
+  return index_.size() ? std::min(index_.FirstStart(), last_start_) : last_start_;
 }
 
-int64_t Batcher::NextRankLocked(const std::string& caller, int64_t head) const {
+int64_t Batcher::TurnStartLocked(const std::string& caller, int64_t head) const {
   auto turn = turn_end_.find(caller);
   return turn == turn_end_.end() ? head : std::max(head, turn->second);
 }
 
 grpc::Status Batcher::WorkRefusalLocked(int64_t now_us, std::optional<int64_t> deadline_us, const std::string& caller,
-                                        int64_t longest) const {
-  const int64_t rank = NextRankLocked(caller, HeadLocked());
+                                        int64_t longest, int64_t first) const {
+  const int64_t rank = TurnStartLocked(caller, HeadLocked()) + std::max<int64_t>(first, 1);
   const PlannerConfig& cfg = opts_.planner;
   int64_t own = longest;
   if (cfg.max_batch_size > 1) {
@@ -240,7 +243,7 @@ Batcher::Batch Batcher::TakeBatchLocked(const std::vector<uint64_t>& ids, int64_
     auto it = queue_.find(id);
     views.push_back(it->second.job->seqs_[it->second.index]);
     metrics_->QueueWait(double(now_us - it->second.arrival_us) / 1e6);
-    last_rank_ = std::max(last_rank_, index_.Rank(id));
+    last_start_ = std::max(last_start_, index_.Start(id));
     work_.Remove(views.back().length, it->second.job->caller_);
     b.seqs.push_back(std::move(it->second));
     queue_.erase(it);
@@ -351,7 +354,7 @@ void Batcher::FailLocked(std::shared_ptr<Job> job, const grpc::Status& why, cons
 bool Batcher::RemoveLocked(uint64_t id) {
   auto it = queue_.find(id);
   if (it == queue_.end()) return false;
-  last_rank_ = std::max(last_rank_, index_.Rank(id));
+  last_start_ = std::max(last_start_, index_.Start(id));
   work_.Remove(it->second.job->seqs_[it->second.index].length, it->second.job->caller_);
   queue_.erase(it);
   index_.Remove(id);

@@ -12,12 +12,16 @@
 // (docs/batching.md, "Structure").
 //
 // Fair order (issue 29, defect 4): the queue is ordered by callers' turns, not
-// by arrival. Each sequence gets a rank, its caller's own work so far (start-time
-// fair queueing over real tokens): a caller's next sequence ranks where its
-// previous one ended, or at the head of the queue when that is later (the head:
-// the rank last taken into a batch, or the lowest queued when that is lower). A
-// caller whose work has all been taken thus starts at the head, before every
-// sequence queued there. The planner builds every batch around the lowest rank
+// by arrival. Each sequence's turn starts where its caller's previous one ended
+// (the caller's own work so far, in real tokens), or at the head when that is
+// later (the head: the latest start taken into a batch, or the earliest start
+// queued when that is earlier), and ends its length later. The sequence ranks by
+// where its turn ends (its virtual finish, as in weighted fair queueing; ties by
+// arrival): a caller whose work has all been taken starts at the head, and its
+// sequence runs before every sequence that ends later. Ranking by the start
+// (start-time fair queueing, until 2026-12-06) put a 16-token probe behind every
+// 512-token first item tied with it at the head (batcher.py says more). The
+// planner builds every batch around the lowest rank
 // (planner.h QueueIndex), so callers with work queued take turns, a token of work
 // each, and a new caller's first sequence runs in the next batch or two whatever
 // the others hold: a request larger than the work bound is fed to the model in
@@ -169,19 +173,19 @@ class Batcher {
   void Loop(const BatchModel& model);
   // Precondition for the *Locked steps: mu_ held (NextBatchLocked through `lk`).
   grpc::Status RefusalLocked(int64_t n) const;
-  // Precondition: mu_ held. The head of the turns: the last rank taken into a batch, or the first
-  // queued when that is lower.
+  // Precondition: mu_ held. The head of the turns: the latest start taken into a batch, or the
+  // earliest queued when that is earlier.
   int64_t HeadLocked() const;
-  // Precondition: mu_ held. Where `caller`'s next sequence ranks: where its previous one ended, or at
+  // Precondition: mu_ held. Where `caller`'s next turn starts: where its previous one ended, or at
   // `head` when that is later.
-  int64_t NextRankLocked(const std::string& caller, int64_t head) const;
-  // Precondition: mu_ held. Why a request of `caller` whose longest sequence is `longest` (0: not read
-  // yet) is refused by the work ahead of it, or OK: the running batches and every queued sequence
-  // ranked at or before where its first would rank (admission.h), and its own batch: its longest
-  // sequence alone, or with partners padded to the longest of it and the queue, at most
-  // max_batch_tokens.
+  int64_t TurnStartLocked(const std::string& caller, int64_t head) const;
+  // Precondition: mu_ held. Why a request of `caller` whose longest sequence is `longest` and first
+  // `first` long (0: not read yet) is refused by the work ahead of it, or OK: the running batches and
+  // every queued sequence ranked at or before where its first would rank (admission.h; unread, the
+  // first counts as one token), and its own batch: its longest sequence alone, or with partners padded
+  // to the longest of it and the queue, at most max_batch_tokens.
   grpc::Status WorkRefusalLocked(int64_t now_us, std::optional<int64_t> deadline_us, const std::string& caller,
-                                 int64_t longest = 0) const;
+                                 int64_t longest = 0, int64_t first = 0) const;
   std::optional<Batch> NextBatchLocked(std::unique_lock<std::mutex>& lk, Answers* answers);
   Batch TakeBatchLocked(const std::vector<uint64_t>& ids, int64_t now_us);
   // Removes a sequence from the queue (false when it is not there).
@@ -214,10 +218,10 @@ class Batcher {
   ArrivalRate arrivals_;  // the planner waits for partners only when some are expected
   QueueWork work_;                    // the queue's tokens and their model time
   uint64_t next_seq_id_ = 1;
-  // Fair order: the rank after each caller's last sequence (its next one starts there, or at the head
-  // when that is later), and the last rank taken into a batch (the head of an empty queue).
+  // Fair order: where each caller's last turn ended (its next one starts there, or at the head when
+  // that is later), and the latest start taken into a batch (the head of an empty queue).
   std::unordered_map<std::string, int64_t> turn_end_;
-  int64_t last_rank_ = 0;
+  int64_t last_start_ = 0;
   size_t in_flight_ = 0;  // accepted, callback not yet run
   int running_ = 0;       // batches taken and not yet recorded: a lone one is chosen when this is 0
   // The lone batch running, if one is, and whether another batch started beside it; no lone batch

@@ -180,8 +180,10 @@ bool Closed(const QueueIndex& index, const Chosen& c, const PlannerConfig& cfg) 
 
 }  // namespace
 
-void QueueIndex::Add(const Waiting& w, int64_t rank) {
-  by_id_.emplace(w.id, std::make_pair(w, rank));
+void QueueIndex::Add(const Waiting& w, int64_t rank, std::optional<int64_t> start) {
+  const int64_t s = start.value_or(rank);
+  by_id_.emplace(w.id, Held{w, rank, s});
+  starts_.emplace(s, w.id);
   by_arrival_.emplace(std::make_pair(rank, w.id), w.id);
   const Entry e{w.length, rank, w.id};
   by_length_.insert(std::lower_bound(by_length_.begin(), by_length_.end(), e), e);
@@ -191,7 +193,8 @@ void QueueIndex::Add(const Waiting& w, int64_t rank) {
 bool QueueIndex::Remove(uint64_t id) {
   auto it = by_id_.find(id);
   if (it == by_id_.end()) return false;
-  const auto& [w, rank] = it->second;
+  const auto& [w, rank, start] = it->second;
+  starts_.erase({start, id});
   by_arrival_.erase(std::make_pair(rank, id));
   by_length_.erase(std::lower_bound(by_length_.begin(), by_length_.end(), Entry{w.length, rank, id}));
   if (w.deadline_us) deadlines_.erase({*w.deadline_us, id});
@@ -202,7 +205,7 @@ bool QueueIndex::Remove(uint64_t id) {
 int64_t QueueIndex::TokensThrough(int64_t rank) const {
   int64_t tokens = 0;
   for (auto it = by_arrival_.begin(); it != by_arrival_.end() && it->first.first <= rank; ++it) {
-    tokens += by_id_.at(it->second).first.length;
+    tokens += by_id_.at(it->second).w.length;
   }
   return tokens;
 }

@@ -672,7 +672,9 @@ TEST(FairShare, CallersWithWorkQueuedTakeTurnsByTokens) {
   auto b = SubmitAs(h, "b", {std::vector<int64_t>(20, 20), std::vector<int64_t>(20, 21)});  // one of b's to two of a's
   h.gate.Open();
   Get(*first), Get(*a), Get(*b);
-  EXPECT_EQ(h.Batches(), (Batches{{1}, {20}, {2}, {3}, {21}, {4}, {5}}));
+  // Turns end at a: 20, 30, 40, 50 and b: 20, 40 (b starts at the head, 0, where a's first began): ties
+  // by arrival, so one of b's runs per two of a's.
+  EXPECT_EQ(h.Batches(), (Batches{{1}, {2}, {20}, {3}, {4}, {21}, {5}}));
 }
 
 TEST(FairShare, OneCallerKeepsArrivalOrder) {
@@ -713,10 +715,12 @@ TEST(FairShare, AFloodingCallerIsRefusedForItsOwnWorkWhileAnotherIsAccepted) {
   EXPECT_EQ(h.Batches(), (Batches{{1}, {4}, {2}}));
 }
 
-TEST(FairShare, ANewCallerWaitsForTheSequencesTiedAtTheHeadOfTheTurns) {
-  // Five callers, each with one 2,000-token sequence ranked at the head (every one of them new), are 1 s
-  // of work ahead of a sixth caller's sequence, which ranks after them: counting only the running batch
-  // (1 ms) admitted requests that then waited seconds (the attacks run's streams_80_conns).
+TEST(FairShare, ANewCallersShortSequenceRunsBeforeLongOnesTiedAtTheHead) {
+  // Five callers, each with one 2,000-token sequence whose turn starts at the head (every one of them
+  // new): a sixth caller's 5-token sequence starts there too but its turn ends first, so it runs next and
+  // only the running batch (1 ms) is ahead of it. Ranked by their turns' starts, it waited for all five
+  // (1 s of work): 80 connections streaming 512-token items refused every probe for the whole attack
+  // (docs/bench/attacks_2026-12-06.md, streams_80_conns).
   Harness h(/*max_batch_size=*/1, /*delay_us=*/0, /*max_queue=*/4096, nullptr, /*workers=*/1,
             /*max_wait_us=*/2'000'000, /*seed=*/100.0);
   h.gated = true;
@@ -727,23 +731,27 @@ TEST(FairShare, ANewCallerWaitsForTheSequencesTiedAtTheHeadOfTheTurns) {
     tied.push_back(SubmitAs(h, std::string(1, char('a' + k - 1)), {std::vector<int64_t>(2000, k)}));
     EXPECT_TRUE(tied.back()->admitted.ok()) << tied.back()->admitted.error_message();
   }
-  const grpc::Status refused = h.batcher->WorkRefusal(Clock::now() + 500ms, "g");
-  EXPECT_EQ(refused.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
-  EXPECT_EQ(refused.error_message().rfind("deadline exceeded before scoring: about 1001 ms of model work waiting", 0), 0u)
-      << refused.error_message();
-  EXPECT_TRUE(h.batcher->WorkRefusal(Clock::now() + 5s, "g").ok());
-  auto probe = SubmitAs(h, "g", {std::vector<int64_t>(5, 9)}, Clock::now() + 5s);
+  EXPECT_TRUE(h.batcher->WorkRefusal(Clock::now() + 100ms, "g").ok());
+  auto probe = SubmitAs(h, "g", {std::vector<int64_t>(5, 9)}, Clock::now() + 100ms);
   EXPECT_TRUE(probe->admitted.ok()) << probe->admitted.error_message();
+  // A sequence of a new caller whose turn would end after theirs waits for all five, and is told so.
+  auto longer = SubmitAs(h, "h", {std::vector<int64_t>(3000, 8)}, Clock::now() + 500ms);
+  EXPECT_EQ(longer->admitted.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(longer->admitted.error_message().rfind("deadline exceeded before scoring: about 1001 ms of model work waiting",
+                                                   0),
+            0u)
+      << longer->admitted.error_message();
   h.gate.Open();
   Get(*running);
   for (auto& t : tied) Get(*t);
   Get(*probe);
-  EXPECT_EQ(h.Batches(), (Batches{{1}, {2}, {3}, {4}, {5}, {6}, {9}}));
+  EXPECT_EQ(h.Batches(), (Batches{{1}, {9}, {2}, {3}, {4}, {5}, {6}}));
 }
 
 TEST(FairShare, ADeadlineLeavesTimeForTheRequestsOwnBatchPaddedToTheQueuesLongest) {
-  // Batches of 2: a 5-token probe may run beside the queued 2,000-token sequence, padded to it, so its own
-  // batch is up to 2 x 2,000 tokens (0.4 s at 100 us per token) on top of the 1 ms running.
+  // Batches of 2: a 5-token probe runs before the queued 2,000-token sequence (its turn ends first) but may
+  // run beside it, padded to it, so its own batch is up to 2 x 2,000 tokens (0.4 s at 100 us per token) on
+  // top of the 1 ms running.
   Harness h(/*max_batch_size=*/2, /*delay_us=*/0, /*max_queue=*/4096, nullptr, /*workers=*/1,
             /*max_wait_us=*/2'000'000, /*seed=*/100.0);
   h.gated = true;
@@ -753,7 +761,7 @@ TEST(FairShare, ADeadlineLeavesTimeForTheRequestsOwnBatchPaddedToTheQueuesLonges
   auto refused = SubmitAs(h, "c", {std::vector<int64_t>(5, 3)}, Clock::now() + 300ms);
   EXPECT_EQ(refused->admitted.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_EQ(refused->admitted.error_message().rfind(
-                "deadline exceeded before scoring: about 201 ms of model work waiting and up to 400 ms for its own batch", 0),
+                "deadline exceeded before scoring: about 1 ms of model work waiting and up to 400 ms for its own batch", 0),
             0u)
       << refused->admitted.error_message();
   auto accepted = SubmitAs(h, "c", {std::vector<int64_t>(5, 3)}, Clock::now() + 5s);

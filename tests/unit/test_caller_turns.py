@@ -51,7 +51,9 @@ def test_callers_with_work_queued_take_turns_by_tokens():
     h.gate.open()
     for s in (first, a, b):
         s.get()
-    assert h.batches == [[1], [20], [2], [3], [21], [4], [5]]
+    # Turns end at a: 20, 30, 40, 50 and b: 20, 40 (b starts at the head, 0, where a's first began):
+    # ties by arrival, so one of b's runs per two of a's.
+    assert h.batches == [[1], [2], [20], [3], [4], [21], [5]]
     h.batcher.stop()
 
 
@@ -92,32 +94,36 @@ def test_a_flooding_caller_is_refused_for_its_own_work_while_another_is_accepted
     h.batcher.stop()
 
 
-def test_a_new_caller_waits_for_the_sequences_tied_at_the_head_of_the_turns():
-    # Five callers, each with one 2,000-token sequence ranked at the head (every one of them new), are
-    # 1 s of work ahead of a sixth caller's sequence, which ranks after them: counting only the running
-    # batch (1 ms) admitted requests that then waited seconds (the attacks run's streams_80_conns).
+def test_a_new_callers_short_sequence_runs_before_long_ones_tied_at_the_head():
+    # Five callers, each with one 2,000-token sequence whose turn starts at the head (every one of them
+    # new): a sixth caller's 5-token sequence starts there too but its turn ends first, so it runs next
+    # and only the running batch (1 ms) is ahead of it. Ranked by their turns' starts, it waited for all
+    # five (1 s of work): 80 connections streaming 512-token items refused every probe for the whole
+    # attack (docs/bench/attacks_2026-12-06.md, streams_80_conns).
     h = Harness(max_batch_size=1, max_wait_us=2_000_000, seed=100.0)
     h.gated = True
     running = submit_as(h, "a", [[1] * 10])
     assert h.gate.wait_entered(1)
     tied = [submit_as(h, c, [[k] * 2000]) for k, c in enumerate("bcdef", start=2)]
     assert all(s.admitted is None for s in tied)
-    refused = h.batcher.work_refusal(time.monotonic() + 0.5, "g")
-    assert refused.code == Code.DEADLINE_EXCEEDED
-    assert refused.message.startswith("deadline exceeded before scoring: about 1001 ms of model work waiting")
-    assert h.batcher.work_refusal(time.monotonic() + 5, "g") is None
-    probe = submit_as(h, "g", [[9] * 5], time.monotonic() + 5)
+    assert h.batcher.work_refusal(time.monotonic() + 0.1, "g") is None
+    probe = submit_as(h, "g", [[9] * 5], time.monotonic() + 0.1)
     assert probe.admitted is None
+    # A sequence of the new caller whose turn would end after theirs waits for all five, and is told so.
+    long = submit_as(h, "h", [[8] * 3000], time.monotonic() + 0.5)
+    assert long.admitted.code == Code.DEADLINE_EXCEEDED
+    assert long.admitted.message.startswith("deadline exceeded before scoring: about 1001 ms of model work waiting")
     h.gate.open()
     for s in (running, *tied, probe):
         s.get()
-    assert h.batches == [[1], [2], [3], [4], [5], [6], [9]]
+    assert h.batches == [[1], [9], [2], [3], [4], [5], [6]]
     h.batcher.stop()
 
 
 def test_a_deadline_leaves_time_for_the_requests_own_batch_padded_to_the_queues_longest():
-    # Batches of 2: a 5-token probe may run beside the queued 2,000-token sequence, padded to it, so its
-    # own batch is up to 2 x 2,000 tokens (0.4 s at 100 us per token) on top of the 1 ms running.
+    # Batches of 2: a 5-token probe runs before the queued 2,000-token sequence (its turn ends first) but
+    # may run beside it, padded to it, so its own batch is up to 2 x 2,000 tokens (0.4 s at 100 us per
+    # token) on top of the 1 ms running.
     h = Harness(max_batch_size=2, max_wait_us=2_000_000, seed=100.0)
     h.gated = True
     running = submit_as(h, "a", [[1] * 10])
@@ -126,7 +132,7 @@ def test_a_deadline_leaves_time_for_the_requests_own_batch_padded_to_the_queues_
     refused = submit_as(h, "c", [[3] * 5], time.monotonic() + 0.3)
     assert refused.admitted.code == Code.DEADLINE_EXCEEDED
     assert refused.admitted.message.startswith(
-        "deadline exceeded before scoring: about 201 ms of model work waiting and up to 400 ms for its own batch")
+        "deadline exceeded before scoring: about 1 ms of model work waiting and up to 400 ms for its own batch")
     accepted = submit_as(h, "c", [[3] * 5], time.monotonic() + 5)
     assert accepted.admitted is None
     h.gate.open()

@@ -25,12 +25,12 @@ Callers are served in turn (issue 29, defect 4): a caller is a connection (`CALL
 ends set: gRPC's peer, HTTP's client address), every call and stream on it included, and the batcher
 orders the queue by each caller's own work (batcher.py, "fair order"). So the work ahead of a new
 request is not the whole queue but what ranks before it: the batches running, and the queued
-sequences whose rank is at or before the rank its first sequence would take (the caller's own queued
-work, and every other caller's up to that rank, a sequence that starts there counted whole). The
-batcher reads that sum from its index (`QueueIndex.tokens_through`) and hands it to `refusal`. A new
-caller's wait is the running batches and the sequences tied at the head of the turns (with many
-callers each holding one there, that is one sequence of each: 80 callers of 512 tokens are seconds of
-work), and a caller that floods waits behind its own work and is refused for it, alone. Only the work
+sequences whose turn ends at or before its first sequence's would (the caller's own queued work, and
+every other caller's up to there). The batcher reads that sum from its index
+(`QueueIndex.tokens_through`) and hands it to `refusal`. A new caller's wait is the running batches and
+the sequences that end before its own turn does (80 callers each holding a 512-token sequence at the
+head are not ahead of a 16-token probe), and a caller that floods waits behind its own work and is
+refused for it, alone. Only the work
 ahead counts, never the request's own: an idle server accepts any valid request (the sequence limits
 still apply), and a request larger than the bound is fed to the model a sequence at a time in its
 turns, behind other callers' work. server_cpp/src/admission.{h,cc} is this file in C++, same rule and

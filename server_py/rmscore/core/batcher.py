@@ -12,15 +12,19 @@ each (runtimes/workers.py). server_cpp/src/batcher.{h,cc} is this file in C++, w
 the same names and the same steps (docs/batching.md, "Structure").
 
 Fair order (issue 29, defect 4): the queue is ordered by callers' turns, not by arrival. Each
-sequence gets a rank, its caller's own work so far (start-time fair queueing over real tokens): a
-caller's next sequence ranks where its previous one ended, or at the head of the queue when that is
-later (the head: the rank last taken into a batch, or the lowest queued when that is lower). A
-caller whose work has all been taken thus starts at the head, before every sequence queued there. The planner builds every batch around the lowest
+sequence's turn starts where its caller's previous one ended (the caller's own work so far, in real
+tokens), or at the head when that is later (the head: the latest start taken into a batch, or the
+earliest start queued when that is earlier), and ends its length later. The sequence ranks by where
+its turn ends (its virtual finish, as in weighted fair queueing; ties by arrival): a caller whose work
+has all been taken starts at the head, and its sequence runs before every sequence that ends later.
+Ranking by the start instead (start-time fair queueing, until 2026-12-06) put a 16-token probe behind
+every 512-token first item tied with it at the head: 80 connections each streaming one were seconds of
+work ahead of it (docs/bench/attacks_2026-12-06.md). The planner builds every batch around the lowest
 rank (planner.QueueIndex), so callers with work queued take turns, a token of work each, and a new
 caller's first sequence runs in the next batch or two whatever the others hold: a request larger
 than the work bound is fed to the model in its caller's turns, behind other callers' sequences.
-With one caller the order is arrival order. Admission computes the same turns (admission.py
-`QueueWork.ahead`). A caller is a connection (admission.CALLER); the front ends set it.
+With one caller the order is arrival order. Admission counts the same turns (`_work_refusal_locked`).
+A caller is a connection (admission.CALLER); the front ends set it.
 
 Locking: everything shared lives under `_mu`. It is held to admit, plan, take and
 pack a batch, and to mark requests finished; never across the model run or an
@@ -156,10 +160,10 @@ class Batcher:
         # The queue's tokens and their model time.
         self._work = QueueWork(len(models), opts.max_queue_wait_us, opts.seed_us_per_token, opts.planner.max_batch_us)
         self._next_seq_id = 1
-        # Fair order: the rank after each caller's last sequence (its next one starts there, or at the
-        # head when that is later), and the last rank taken into a batch (the head of an empty queue).
+        # Fair order: where each caller's last turn ended (its next one starts there, or at the head
+        # when that is later), and the latest start taken into a batch (the head of an empty queue).
         self._turn_end: dict[str, int] = {}
-        self._last_rank = 0
+        self._last_start = 0
         self._in_flight = 0  # accepted, callback not yet run
         self._running = 0  # batches taken and not yet recorded: a lone one is chosen when this is 0
         # The lone batch running, if one is, and whether another batch started beside it; no lone batch
@@ -185,7 +189,8 @@ class Batcher:
             if job.deadline_s is not None:
                 job.deadline_us = int(job.deadline_s * 1e6)
             refused = self._refusal_locked(len(job.seqs)) or self._work_refusal_locked(
-                arrival, job.deadline_us, job.caller, max((len(s) for s in job.seqs), default=0))
+                arrival, job.deadline_us, job.caller, max((len(s) for s in job.seqs), default=0),
+                len(job.seqs[0]) if job.seqs else 0)
             if refused is not None:
                 job.finished, job.error = True, refused  # never answered: a later cancel does nothing
                 raise refused
@@ -194,14 +199,16 @@ class Batcher:
             job.first_seq_id = self._next_seq_id
             self._arrivals.add(len(job.seqs), arrival)
             head = self._head_locked()
-            rank = self._next_rank_locked(job.caller, head)
+            start = self._turn_start_locked(job.caller, head)
             for i, seq in enumerate(job.seqs):
                 self._queue[self._next_seq_id] = _Queued(job, i, arrival)
-                self._index.add(Waiting(self._next_seq_id, arrival, len(seq), job.deadline_us), rank)
+                # Ranked by where its turn ends; the start kept for the head.
+                self._index.add(Waiting(self._next_seq_id, arrival, len(seq), job.deadline_us),
+                                start + len(seq), start)
                 self._work.add(len(seq), job.caller)
-                rank += len(seq)
+                start += len(seq)
                 self._next_seq_id += 1
-            self._turn_end[job.caller] = rank
+            self._turn_end[job.caller] = start
             if len(self._turn_end) > 64 + 2 * len(self._work.by_caller):
                 # Callers whose turns end at or before the head start there anyway: forget them.
                 self._turn_end = {c: r for c, r in self._turn_end.items() if r > head}
@@ -222,23 +229,24 @@ class Batcher:
             return self._work_refusal_locked(_now_us(), None if deadline_s is None else int(deadline_s * 1e6), caller)
 
     def _head_locked(self) -> int:
-        """Precondition: _mu held. The head of the turns: the last rank taken into a batch, or the first
-        queued when that is lower."""
-        return min(self._index.first_rank(), self._last_rank) if len(self._index) else self._last_rank
+        """Precondition: _mu held. The head of the turns: the latest start taken into a batch, or the
+        earliest queued when that is earlier."""
+        return min(self._index.first_start(), self._last_start) if len(self._index) else self._last_start
 
-    def _next_rank_locked(self, caller: str, head: int) -> int:
-        """Precondition: _mu held. Where `caller`'s next sequence ranks: where its previous one ended, or
+    def _turn_start_locked(self, caller: str, head: int) -> int:
+        """Precondition: _mu held. Where `caller`'s next turn starts: where its previous one ended, or
         at `head` when that is later."""
         return max(head, self._turn_end.get(caller, head))
 
     def _work_refusal_locked(self, now_us: int, deadline_us: int | None, caller: str,
-                             longest: int = 0) -> ScoreError | None:
-        """Precondition: _mu held. Why a request of `caller` whose longest sequence is `longest` (0: not
-        read yet) is refused by the work ahead of it, or None: the running batches and every queued
-        sequence ranked at or before where its first would rank (admission.py: the caller's own queued
-        work, and each other caller's up to there), and its own batch: its longest sequence alone, or
-        with partners padded to the longest of it and the queue, at most max_batch_tokens."""
-        rank = self._next_rank_locked(caller, self._head_locked())
+                             longest: int = 0, first: int = 0) -> ScoreError | None:
+        """Precondition: _mu held. Why a request of `caller` whose longest sequence is `longest` and first
+        `first` long (0: not read yet) is refused by the work ahead of it, or None: the running batches
+        and every queued sequence ranked at or before where its first would rank (admission.py: the
+        caller's own queued work, and each other caller's whose turn ends by then; unread, the first
+        counts as one token), and its own batch: its longest sequence alone, or with partners padded to
+        the longest of it and the queue, at most max_batch_tokens."""
+        rank = self._turn_start_locked(caller, self._head_locked()) + max(first, 1)
         cfg = self._opts.planner
         own = longest
         if cfg.max_batch_size > 1:
@@ -465,7 +473,7 @@ class Batcher:
         """Precondition: _mu held. Removes a sequence from the queue (None when it is not there)."""
         q = self._queue.pop(seq_id, None)
         if q is not None:
-            self._last_rank = max(self._last_rank, self._index.rank(seq_id))
+            self._last_start = max(self._last_start, self._index.start(seq_id))
             self._index.remove(seq_id)
             self._work.remove(len(q.job.seqs[q.index]), q.job.caller)
         return q
