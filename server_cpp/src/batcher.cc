@@ -275,6 +275,7 @@ void Batcher::Run(const Batch& b, const BatchModel& model, bool lone) {
   metrics_->BatchRan(ms / 1e3, b.packed.batch, b.packed.padding_ratio());
   if (error.ok()) metrics_->SequencesScored(int64_t(scores.size()));
   Answers answers;
+  bool idle = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
     // A run aborted by Stop (ONNX Runtime's terminate flag, at the end of the drain grace) is the
@@ -289,6 +290,7 @@ void Batcher::Run(const Batch& b, const BatchModel& model, bool lone) {
     work_.BatchEnded(b.packed.real_tokens);
     if (error.ok()) work_.Observe(ms * 1e3, b.packed.real_tokens);
     QueueChangedLocked();
+    idle = queue_.empty() && running_ == 0;
     // A failed run counts too: its requests are answered, the batcher is not stuck.
     if (opts_.progress) opts_.progress->BatchEnded(b.started_us, StallClock::NowUs(), int64_t(queue_.size()));
     ScoredLocked(b, scores, ms, &answers);
@@ -298,6 +300,12 @@ void Batcher::Run(const Batch& b, const BatchModel& model, bool lone) {
     }
   }
   Answer(answers);
+  if (idle && opts_.on_idle) {
+    try {
+      opts_.on_idle();
+    } catch (const std::exception&) {  // memory kept is not a failed request
+    }
+  }
 }
 
 // Precondition: mu_ held, `b` counted out of running_. A batch that ended showing more than one

@@ -124,6 +124,10 @@ class Batcher {
     // until one ends showing none, or for this long (docs/batching.md, "Threads"). Python's
     // Options.lone_hold_us.
     int64_t lone_hold_us = 1'000'000;
+    // Called (without mu_, on the batcher thread, after the batch's answers) when a batch ends with
+    // nothing queued or running: the runtime may give back memory grown for large batches
+    // (model_runner.h ReleaseMemory). What it throws is ignored: serving goes on with the memory kept.
+    std::function<void()> on_idle;
   };
   // `models`: one per worker, each run by its own batcher thread. `abort` (optional) makes the model
   // runs in progress fail; Stop uses it. `lone` (optional): the model for a batch that starts while no

@@ -385,6 +385,7 @@ Loaded LoadModel(const Config& cfg, const Manifest& manifest, const sigset_t& si
   for (const auto& w : sessions.owned) {
     if (StopPending(signals)) return {};
     WarmUp(*w, cfg, signals);
+    w->MarkWarm();
   }
   // The first run session: the cost table and the seed are measured on what runs under load.
   ModelRunner& first = *sessions.runs[0];
@@ -398,6 +399,8 @@ Loaded LoadModel(const Config& cfg, const Manifest& manifest, const sigset_t& si
   SelfCheck(first, manifest, cfg);
   if (StopPending(signals)) return {};
   const double seed = WorkSeed(first, cfg, manifest, cost.get());
+  // The self-check's padded batch and the cost profile's grew the arena past what serving starts with.
+  for (const auto& w : sessions.owned) w->ReleaseMemory();
   return {std::move(sessions), std::move(cost), seed};
 }
 
@@ -415,6 +418,10 @@ void ServeAndDrain(const Config& cfg, const Manifest& manifest, const Loaded& lo
   bopts.max_queue_wait_us = int64_t(cfg.max_queue_wait_seconds * 1e6);
   bopts.seed_us_per_token = loaded.seed_us_per_token;
   bopts.progress = live.stall;
+  const Workers& owned = loaded.sessions.owned;
+  bopts.on_idle = [&owned] {
+    for (const auto& w : owned) w->ReleaseMemory();
+  };
   HangHook* hang = live.hang;  // RMSCORE_FAULT_HANG_BATCH (tests only): a stuck device
   std::vector<BatchModel> models;
   for (ModelRunner* model : loaded.sessions.runs) {
@@ -430,7 +437,6 @@ void ServeAndDrain(const Config& cfg, const Manifest& manifest, const Loaded& lo
       return model->Run(b);
     };
   }
-  const Workers& owned = loaded.sessions.owned;
   Batcher batcher(bopts, std::move(models), &metrics, [&owned] {
     for (const auto& w : owned) w->Abort();
   }, std::move(lone));

@@ -61,12 +61,34 @@ ModelRunner::ModelRunner(const Config& cfg, const Manifest& manifest)
   // ORT's CPU arena stays on, as in the Python backend: without it every large
   // batch allocates its activations afresh, and a 32x256 batch took 1.26x as
   // long (docs/cpp_bench.md). The cost is resident memory: the arena keeps the
-  // largest batch's activations (the self-check's padded batch alone ~730 MiB).
+  // largest batch's activations until ReleaseMemory gives them back, which the
+  // server calls after its start-up checks and whenever the batcher goes idle.
   if (cfg.device == Device::kCuda) AppendCuda(opts);
   session_ = Ort::Session(env_, graph_path_.c_str(), opts);
+  shrink_options_.AddConfigEntry("memory.enable_memory_arena_shrinkage", "cpu:0");
 }
 
 std::vector<float> ModelRunner::Run(const PackedBatch& batch) {
+  const int64_t tokens = batch.batch * batch.longest;
+  if (tokens > kept_tokens_.load()) grown_.store(true);
+  for (int64_t seen = largest_run_.load(); tokens > seen && !largest_run_.compare_exchange_weak(seen, tokens);) {
+  }
+  return RunWith(batch, run_options_);
+}
+
+bool ModelRunner::ReleaseMemory() {
+  if (!grown_.exchange(false)) return false;
+  PackedBatch tiny;
+  tiny.batch = 1;
+  tiny.longest = 8;
+  tiny.input_ids.assign(8, 1);
+  tiny.attention_mask.assign(8, 1);
+  tiny.real_tokens = 8;
+  RunWith(tiny, shrink_options_);
+  return true;
+}
+
+std::vector<float> ModelRunner::RunWith(const PackedBatch& batch, Ort::RunOptions& options) {
   const int64_t shape[2] = {batch.batch, batch.longest};
   // The tensors borrow the batch's buffers: no copy. Ort takes non-const data.
   Ort::Value inputs[2] = {
@@ -77,7 +99,7 @@ std::vector<float> ModelRunner::Run(const PackedBatch& batch) {
   };
   const char* in_names[2] = {input_names_[0].c_str(), input_names_[1].c_str()};
   const char* out_names[1] = {output_name_.c_str()};
-  auto outputs = session_.Run(run_options_, in_names, inputs, 2, out_names, 1);
+  auto outputs = session_.Run(options, in_names, inputs, 2, out_names, 1);
   const auto info = outputs[0].GetTensorTypeAndShapeInfo();
   if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || info.GetElementCount() != size_t(batch.batch)) {
     throw std::runtime_error("output '" + output_name_ + "' is not float32 [" + std::to_string(batch.batch) + "]");

@@ -66,7 +66,8 @@ struct Harness {
   // FIFO batching, or cost_aware with `cost`; `workers` model workers, all this stand-in.
   explicit Harness(int64_t max_batch_size, int64_t delay_us = 0, int64_t max_queue = 4096,
                    std::shared_ptr<CostModel> cost = nullptr, int workers = 1, int64_t max_wait_us = 0,
-                   double seed = 0, bool lone = false, int64_t lone_hold_us = 1'000'000) {
+                   double seed = 0, bool lone = false, int64_t lone_hold_us = 1'000'000,
+                   std::function<void()> on_idle = nullptr) {
     Batcher::Options o;
     o.planner = PlannerConfig{max_batch_size, 1 << 20, delay_us, cost ? BatchingMode::kCostAware : BatchingMode::kFifo};
     o.max_queue_sequences = max_queue;
@@ -75,6 +76,7 @@ struct Harness {
     o.max_queue_wait_us = max_wait_us;
     o.seed_us_per_token = seed;
     o.lone_hold_us = lone_hold_us;
+    o.on_idle = std::move(on_idle);
     const std::vector<BatchModel> models(size_t(workers), [this](const PackedBatch& b) { return Model(b); });
     BatchModel lone_model;
     if (lone) {
@@ -639,6 +641,43 @@ TEST(Batcher, LoneRunsDoNotRefineTheCostTable) {
   h.batcher->Stop();
   EXPECT_EQ(h.LoneBatches(), (Batches{{1}, {2}, {3}}));
   EXPECT_EQ(cost->observed(), 0);
+}
+
+// The runtime gives back memory grown for large batches when the batcher goes idle (model_runner.h
+// ReleaseMemory): not while work waits, where the next batch would grow it again. test_batcher.py holds
+// the same cases.
+TEST(Batcher, OnIdleRunsOnceWhenABurstEndsNotBetweenItsBatches) {
+  std::mutex seen_mu;
+  std::vector<size_t> seen;
+  Harness* hp = nullptr;
+  Harness h(/*max_batch_size=*/1, 0, 4096, nullptr, 1, 0, 0, false, 1'000'000, [&] {
+    std::lock_guard<std::mutex> lk(hp->mu);
+    std::lock_guard<std::mutex> lk2(seen_mu);
+    seen.push_back(hp->batches.size());
+  });
+  hp = &h;
+  h.gated = true;
+  std::vector<std::unique_ptr<Submitted>> jobs;
+  for (int64_t i = 1; i <= 3; ++i) jobs.push_back(Submit(*h.batcher, {std::vector<int64_t>(4, i)}));
+  ASSERT_TRUE(h.gate.WaitEntered(1));
+  h.gate.Open();
+  for (auto& j : jobs) Get(*j);
+  for (int i = 0; i < 500; ++i) {
+    {
+      std::lock_guard<std::mutex> lk(seen_mu);
+      if (!seen.empty()) break;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  std::lock_guard<std::mutex> lk(seen_mu);
+  EXPECT_EQ(seen, std::vector<size_t>{3});
+}
+
+TEST(Batcher, AFailingOnIdleLeavesServingAsItWas) {
+  Harness h(/*max_batch_size=*/4, 0, 4096, nullptr, 1, 0, 0, false, 1'000'000,
+            [] { throw std::runtime_error("no"); });
+  EXPECT_EQ(Get(*Submit(*h.batcher, {std::vector<int64_t>(4, 1)})).scores, std::vector<float>{1004});
+  EXPECT_EQ(Get(*Submit(*h.batcher, {std::vector<int64_t>(4, 2)})).scores, std::vector<float>{2004});
 }
 
 // ---- Fair shares (issue 29, defect 4): tests/unit/test_caller_turns.py holds the same cases. ----

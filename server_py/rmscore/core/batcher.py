@@ -138,6 +138,10 @@ class Batcher:
         # sessions until one ends showing none, or for this long (docs/batching.md, "Threads"). C++'s
         # Options::lone_hold_us.
         lone_hold_us: int = 1_000_000
+        # Called (without _mu, on the batcher thread, after the batch's answers) when a batch ends with
+        # nothing queued or running: the runtime may give back memory grown for large batches
+        # (runtimes/ort.py). Its failure is ignored: serving goes on with the memory kept.
+        on_idle: Callable[[], None] | None = None
 
     def __init__(self, opts: Options, model: BatchModel | list[BatchModel], metrics: Metrics,
                  abort: Callable[[], None] | None = None, lone: BatchModel | None = None):
@@ -410,6 +414,7 @@ class Batcher:
             if error is None:
                 self._work.observe(ms * 1e3, b.real_tokens)
             self._queue_changed_locked()
+            idle = not self._queue and self._running == 0
             if self._opts.progress is not None:
                 # A failed run counts too: its requests are answered, the batcher is not stuck.
                 self._opts.progress.batch_ended(b.started_us, _now_us(), len(self._queue))
@@ -419,6 +424,11 @@ class Batcher:
                 for q in b.seqs:
                     self._fail_locked(q.job, error, None, answers)
         self._answer(answers)
+        if idle and self._opts.on_idle is not None:
+            try:
+                self._opts.on_idle()
+            except Exception:  # noqa: BLE001 - memory kept is not a failed request
+                pass
 
     def _lone_hold_locked(self, b: _Batch, lone: bool) -> None:
         """Precondition: _mu held, `b` counted out of _running. A batch that ended showing more than one

@@ -138,6 +138,7 @@ class ScoringCore:
             seed = self._work_seed(cost)
             diff = self.runtime.self_check(self.backend, self.repo, self.cfg.precision)
             progress(f"self-check passed: max abs diff {diff:.2e} against the golden scores")
+            self._release_memory()  # the self-check's padded batch and the cost profile's grew the arena
             self._baseline_recompiles = self.backend.recompiles()
         except Exception as e:  # noqa: BLE001 - any load failure means "never ready", said clearly
             self.failure = str(e)
@@ -151,11 +152,19 @@ class ScoringCore:
             self.batcher = Batcher(Batcher.Options(self.cfg.planner, self.cfg.max_queue_sequences,
                                                    self.repo.pad_token_id, cost,
                                                    int(self.cfg.max_queue_wait_seconds * 1e6), seed,
-                                                   progress=self.stall),
+                                                   progress=self.stall, on_idle=self._release_memory),
                                    [self._scorer(b) for b in self.workers.runs], self.metrics,
                                    lone=None if self.workers.lone is None else self._scorer(self.workers.lone))
             self._set_state(SERVING)
         progress(f"ready: SERVING after {time.perf_counter() - t0:.1f} s")
+
+    def _release_memory(self) -> None:
+        """The batcher went idle: each session gives back what batches larger than its warm-up grew
+        (runtimes/ort.py; the other runtimes keep nothing to give)."""
+        for session in self.workers.sessions():
+            release = getattr(session, "release_memory", None)
+            if release is not None:
+                release()
 
     def _cost_model(self) -> CostModel | None:
         """The cost table: the profile loaded at start, or measured now (and saved with --cost-profile).

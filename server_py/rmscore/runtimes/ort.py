@@ -8,11 +8,24 @@ from rmscore.core.config import ServeConfig
 from rmscore.model.repository import ModelRepo
 from rmscore.core.runtime import progress
 
+#: The warm-up's batches: the first real ones find the kernels and the arena ready. C++ main.cc WarmUp.
+WARMUP_SHAPES = ((1, 8), (8, 64))
+
 LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
           "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 
 
+#: The run option that makes a run give the CPU arena's free memory back when it ends.
+SHRINK_ARENA = ("memory.enable_memory_arena_shrinkage", "cpu:0")
+
+
 class OrtBackend:
+    """ONNX Runtime's CPU arena keeps the largest batch's activations for reuse (without it a 32 x 256
+    batch took 1.26x as long: docs/cpp_bench.md), so one burst of long batches left the server 12%
+    larger for good (docs/bench/attacks_2026-12-06.md, score_1024_pairs). Shrinking after every run
+    costs about 4% a batch there; `release_memory`, which the batcher calls when it goes idle, shrinks
+    once, and only after a batch larger than the warm-up's. model_runner.cc does the same."""
+
     name = "onnxruntime"
 
     def __init__(self, cfg: ServeConfig, repo: ModelRepo):
@@ -32,6 +45,11 @@ class OrtBackend:
         path = repo.graph_path(cfg.precision)
         progress(f"loading {path} into ONNX Runtime {ort.__version__} ({providers[0]})")
         self._sess = ort.InferenceSession(str(path), so, providers=providers)
+        self._shrink = ort.RunOptions()
+        self._shrink.add_run_config_entry(*SHRINK_ARENA)
+        # Batches of up to this many padded tokens fit the arena the warm-up left; a larger one grows it.
+        self._kept_tokens = 0
+        self._grown = False  # a plain flag: a lost update costs one shrink run, or one skipped
         if cfg.device == "cuda":
             # The package lists CUDA when built with it, yet a session whose CUDA provider fails
             # to load falls back to the CPU with only a warning: refuse that, at start and per run.
@@ -42,12 +60,26 @@ class OrtBackend:
             self._sess.disable_fallback()
 
     def score(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        if input_ids.size > self._kept_tokens:
+            self._grown = True
         return self._sess.run(["scores"], {"input_ids": input_ids, "attention_mask": attention_mask})[0]
 
     def warmup(self, max_batch_size: int, max_sequence_length: int) -> None:
         progress("warming up ONNX Runtime")
-        for b, n in ((1, 8), (min(8, max_batch_size), 64)):
+        for b, n in WARMUP_SHAPES:
+            b = min(b, max_batch_size)
             self.score(np.ones((b, n), np.int64), np.ones((b, n), np.int64))
+            self._kept_tokens = max(self._kept_tokens, b * n)
+
+    def release_memory(self) -> bool:
+        """Gives back the arena memory grown past the warm-up's by larger batches (one 1 x 8 run, about
+        2 ms here); nothing when none ran since the last call. True when it shrank."""
+        if not self._grown:
+            return False
+        self._grown = False
+        ids = np.ones((1, 8), np.int64)
+        self._sess.run(["scores"], {"input_ids": ids, "attention_mask": ids}, self._shrink)
+        return True
 
     def recompiles(self) -> int:
         return 0
