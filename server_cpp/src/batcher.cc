@@ -191,6 +191,7 @@ void Batcher::Loop(const BatchModel& model) {
         lone_overlapped_ = true;
       }
       ++running_;
+      idle_due_us_.reset();
       // Here, not when the batch left the queue: taking it and counting it running are one step under
       // mu_, so the clock never sees the work gone between the two.
       batch->started_us = now_us;
@@ -210,7 +211,20 @@ void Batcher::Loop(const BatchModel& model) {
 std::optional<Batcher::Batch> Batcher::NextBatchLocked(std::unique_lock<std::mutex>& lk, Answers* answers) {
   while (!stopping_) {
     if (queue_.empty()) {
-      work_cv_.wait(lk);
+      const std::optional<int64_t> due = running_ == 0 ? idle_due_us_ : std::nullopt;
+      if (!due) {
+        work_cv_.wait(lk);
+      } else if (*due > NowUs()) {
+        work_cv_.wait_for(lk, std::chrono::microseconds(*due - NowUs()));
+      } else {
+        idle_due_us_.reset();
+        lk.unlock();  // never across a model run: on_idle may run one
+        try {
+          opts_.on_idle();
+        } catch (const std::exception&) {  // memory kept is not a failed request
+        }
+        lk.lock();
+      }
       continue;
     }
     const int64_t now = NowUs();
@@ -275,7 +289,6 @@ void Batcher::Run(const Batch& b, const BatchModel& model, bool lone) {
   metrics_->BatchRan(ms / 1e3, b.packed.batch, b.packed.padding_ratio());
   if (error.ok()) metrics_->SequencesScored(int64_t(scores.size()));
   Answers answers;
-  bool idle = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
     // A run aborted by Stop (ONNX Runtime's terminate flag, at the end of the drain grace) is the
@@ -290,7 +303,10 @@ void Batcher::Run(const Batch& b, const BatchModel& model, bool lone) {
     work_.BatchEnded(b.packed.real_tokens);
     if (error.ok()) work_.Observe(ms * 1e3, b.packed.real_tokens);
     QueueChangedLocked();
-    idle = queue_.empty() && running_ == 0;
+    if (opts_.on_idle && queue_.empty() && running_ == 0) {
+      idle_due_us_ = NowUs() + opts_.idle_release_us;
+      work_cv_.notify_one();  // a waiting batcher thread keeps the time
+    }
     // A failed run counts too: its requests are answered, the batcher is not stuck.
     if (opts_.progress) opts_.progress->BatchEnded(b.started_us, StallClock::NowUs(), int64_t(queue_.size()));
     ScoredLocked(b, scores, ms, &answers);
@@ -300,12 +316,6 @@ void Batcher::Run(const Batch& b, const BatchModel& model, bool lone) {
     }
   }
   Answer(answers);
-  if (idle && opts_.on_idle) {
-    try {
-      opts_.on_idle();
-    } catch (const std::exception&) {  // memory kept is not a failed request
-    }
-  }
 }
 
 // Precondition: mu_ held, `b` counted out of running_. A batch that ended showing more than one

@@ -124,10 +124,13 @@ class Batcher {
     // until one ends showing none, or for this long (docs/batching.md, "Threads"). Python's
     // Options.lone_hold_us.
     int64_t lone_hold_us = 1'000'000;
-    // Called (without mu_, on the batcher thread, after the batch's answers) when a batch ends with
-    // nothing queued or running: the runtime may give back memory grown for large batches
-    // (model_runner.h ReleaseMemory). What it throws is ignored: serving goes on with the memory kept.
+    // Called (without mu_, on a batcher thread) once the batcher has been idle, nothing queued or
+    // running, for idle_release_us since a batch ended: the runtime may give back memory grown for
+    // large batches (model_runner.h ReleaseMemory). Not at once: a closed-loop client's next request
+    // often comes within milliseconds, and its batch would grow the memory again (~4% a batch). What it
+    // throws is ignored: serving goes on with the memory kept. Python's Options.on_idle.
     std::function<void()> on_idle;
+    int64_t idle_release_us = 1'000'000;
   };
   // `models`: one per worker, each run by its own batcher thread. `abort` (optional) makes the model
   // runs in progress fail; Stop uses it. `lone` (optional): the model for a batch that starts while no
@@ -175,7 +178,8 @@ class Batcher {
   using Answers = std::vector<std::shared_ptr<Job>>;  // finished jobs whose callback is due
 
   void Loop(const BatchModel& model);
-  // Precondition for the *Locked steps: mu_ held (NextBatchLocked through `lk`).
+  // Precondition for the *Locked steps: mu_ held (NextBatchLocked through `lk`, which it releases while
+  // on_idle runs).
   grpc::Status RefusalLocked(int64_t n) const;
   // Precondition: mu_ held. The head of the turns: the latest start taken into a batch, or the
   // earliest queued when that is earlier.
@@ -233,6 +237,7 @@ class Batcher {
   bool lone_running_ = false, lone_overlapped_ = false;
   int64_t lone_hold_until_us_ = 0;
   bool accepting_ = true, stopping_ = false;
+  std::optional<int64_t> idle_due_us_;  // when on_idle runs if nothing starts before (NowUs)
 
   // The batcher threads, one per model worker: each plans, then runs, one batch at a time. Started by
   // the constructor; joined and cleared by the first Stop (only the owner's thread calls Stop).

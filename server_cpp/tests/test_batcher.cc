@@ -67,7 +67,7 @@ struct Harness {
   explicit Harness(int64_t max_batch_size, int64_t delay_us = 0, int64_t max_queue = 4096,
                    std::shared_ptr<CostModel> cost = nullptr, int workers = 1, int64_t max_wait_us = 0,
                    double seed = 0, bool lone = false, int64_t lone_hold_us = 1'000'000,
-                   std::function<void()> on_idle = nullptr) {
+                   std::function<void()> on_idle = nullptr, int64_t idle_release_us = 0) {
     Batcher::Options o;
     o.planner = PlannerConfig{max_batch_size, 1 << 20, delay_us, cost ? BatchingMode::kCostAware : BatchingMode::kFifo};
     o.max_queue_sequences = max_queue;
@@ -77,6 +77,7 @@ struct Harness {
     o.seed_us_per_token = seed;
     o.lone_hold_us = lone_hold_us;
     o.on_idle = std::move(on_idle);
+    o.idle_release_us = idle_release_us;
     const std::vector<BatchModel> models(size_t(workers), [this](const PackedBatch& b) { return Model(b); });
     BatchModel lone_model;
     if (lone) {
@@ -662,6 +663,37 @@ TEST(Batcher, OnIdleRunsOnceWhenABurstEndsNotBetweenItsBatches) {
   ASSERT_TRUE(h.gate.WaitEntered(1));
   h.gate.Open();
   for (auto& j : jobs) Get(*j);
+  for (int i = 0; i < 500; ++i) {
+    {
+      std::lock_guard<std::mutex> lk(seen_mu);
+      if (!seen.empty()) break;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  std::lock_guard<std::mutex> lk(seen_mu);
+  EXPECT_EQ(seen, std::vector<size_t>{3});
+}
+
+TEST(Batcher, OnIdleWaitsForAQuietSpellAndWorkWithinItDefersIt) {
+  // A closed-loop client sends its next request as soon as it is answered: releasing at once would shrink
+  // between every two of its batches. Work that starts within idle_release_us defers it.
+  std::mutex seen_mu;
+  std::vector<size_t> seen;
+  Harness* hp = nullptr;
+  Harness h(/*max_batch_size=*/1, 0, 4096, nullptr, 1, 0, 0, false, 1'000'000, [&] {
+    std::lock_guard<std::mutex> lk(hp->mu);
+    std::lock_guard<std::mutex> lk2(seen_mu);
+    seen.push_back(hp->batches.size());
+  }, /*idle_release_us=*/400'000);
+  hp = &h;
+  for (int64_t i = 1; i <= 3; ++i) {
+    Get(*Submit(*h.batcher, {std::vector<int64_t>(4, i)}));
+    std::this_thread::sleep_for(50ms);
+  }
+  {
+    std::lock_guard<std::mutex> lk(seen_mu);
+    EXPECT_TRUE(seen.empty());
+  }
   for (int i = 0; i < 500; ++i) {
     {
       std::lock_guard<std::mutex> lk(seen_mu);

@@ -56,7 +56,7 @@ class Harness:
 
     def __init__(self, max_batch_size: int, delay_us: int = 0, max_queue: int = 4096, mode: str = FIFO,
                  cost: CostTable | None = None, workers: int = 1, max_wait_us: int = 0, seed: float = 0.0,
-                 lone: bool = False, lone_hold_us: int = 1_000_000, on_idle=None):
+                 lone: bool = False, lone_hold_us: int = 1_000_000, on_idle=None, idle_release_us: int = 0):
         self.metrics = Metrics("test", "v0")
         self.gate = Gate()
         self.gated = False  # set before the first submit
@@ -66,7 +66,7 @@ class Harness:
         self.lone_batches: list[list[int]] = []  # those of them that ran on the lone model
         opts = Batcher.Options(PlannerConfig(max_batch_size, 1 << 20, delay_us, mode), max_queue, 0,
                                CostModel(cost) if cost is not None else None, max_wait_us, seed,
-                               lone_hold_us=lone_hold_us, on_idle=on_idle)
+                               lone_hold_us=lone_hold_us, on_idle=on_idle, idle_release_us=idle_release_us)
         self.batcher = Batcher(opts, [self.model] * workers, self.metrics, self.abort,
                                lone=self.lone_model if lone else None)
 
@@ -548,6 +548,22 @@ def test_on_idle_runs_once_when_a_burst_ends_not_between_its_batches():
     h.gate.open()
     for j in jobs:
         j.get()
+    deadline = time.monotonic() + 5
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert seen == [3]
+    h.batcher.stop()
+
+
+def test_on_idle_waits_for_a_quiet_spell_and_work_within_it_defers_it():
+    # A closed-loop client sends its next request as soon as it is answered: releasing at once would
+    # shrink between every two of its batches. Work that starts within idle_release_us defers it.
+    seen: list[int] = []
+    h = Harness(max_batch_size=1, on_idle=lambda: seen.append(len(h.batches)), idle_release_us=400_000)
+    for i in (1, 2, 3):
+        submit(h.batcher, [[i] * 4]).get()
+        time.sleep(0.05)
+    assert seen == []
     deadline = time.monotonic() + 5
     while not seen and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -138,10 +138,13 @@ class Batcher:
         # sessions until one ends showing none, or for this long (docs/batching.md, "Threads"). C++'s
         # Options::lone_hold_us.
         lone_hold_us: int = 1_000_000
-        # Called (without _mu, on the batcher thread, after the batch's answers) when a batch ends with
-        # nothing queued or running: the runtime may give back memory grown for large batches
-        # (runtimes/ort.py). Its failure is ignored: serving goes on with the memory kept.
+        # Called (without _mu, on a batcher thread) once the batcher has been idle, nothing queued or
+        # running, for idle_release_us since a batch ended: the runtime may give back memory grown for
+        # large batches (runtimes/ort.py). Not at once: a closed-loop client's next request often comes
+        # within milliseconds, and its batch would grow the memory again (~4% a batch). Its failure is
+        # ignored: serving goes on with the memory kept. C++'s Options::on_idle.
         on_idle: Callable[[], None] | None = None
+        idle_release_us: int = 1_000_000
 
     def __init__(self, opts: Options, model: BatchModel | list[BatchModel], metrics: Metrics,
                  abort: Callable[[], None] | None = None, lone: BatchModel | None = None):
@@ -176,6 +179,7 @@ class Batcher:
         self._lone_hold_until_us = 0
         self._accepting = True
         self._stopping = False
+        self._idle_due_us: int | None = None  # when on_idle runs if nothing starts before (_now_us)
         # The batcher threads, one per model worker: each plans, then runs, one batch at a time.
         self._threads = [threading.Thread(target=self._loop, args=(m,), name=f"rmscore-batcher-{i}", daemon=True)
                          for i, m in enumerate(models)]
@@ -334,6 +338,7 @@ class Batcher:
                     elif self._lone_running:
                         self._lone_overlapped = True
                     self._running += 1
+                    self._idle_due_us = None
                     # Here, not when the batch left the queue: taking it and counting it running are one
                     # step under _mu, so the clock never sees the work gone between the two.
                     batch.started_us = now
@@ -344,12 +349,25 @@ class Batcher:
                 self._run(batch, run_on, lone=run_on is not model)
 
     def _next_batch_locked(self, answers: list[Job]) -> _Batch | None:
-        """Precondition: _mu held. Waits until there is something to do: returns the next batch,
+        """Precondition: _mu held (released while on_idle runs). Waits until there is something to do: returns the next batch,
         taken off the queue and packed, or None with the jobs that expired meanwhile in `answers`,
         or None when stopping."""
         while not self._stopping:
             if not self._queue:
-                self._work_cv.wait()
+                due = self._idle_due_us if self._running == 0 else None
+                if due is None:
+                    self._work_cv.wait()
+                elif due > _now_us():
+                    self._work_cv.wait((due - _now_us()) / 1e6)
+                else:
+                    self._idle_due_us = None
+                    self._mu.release()  # never across a model run: on_idle may run one
+                    try:
+                        self._opts.on_idle()
+                    except Exception:  # noqa: BLE001 - memory kept is not a failed request
+                        pass
+                    finally:
+                        self._mu.acquire()
                 continue
             now = _now_us()
             expired = ScoreError(Code.DEADLINE_EXCEEDED, "deadline exceeded before scoring")
@@ -414,7 +432,9 @@ class Batcher:
             if error is None:
                 self._work.observe(ms * 1e3, b.real_tokens)
             self._queue_changed_locked()
-            idle = not self._queue and self._running == 0
+            if self._opts.on_idle is not None and not self._queue and self._running == 0:
+                self._idle_due_us = _now_us() + self._opts.idle_release_us
+                self._work_cv.notify()  # a waiting batcher thread keeps the time
             if self._opts.progress is not None:
                 # A failed run counts too: its requests are answered, the batcher is not stuck.
                 self._opts.progress.batch_ended(b.started_us, _now_us(), len(self._queue))
@@ -424,11 +444,6 @@ class Batcher:
                 for q in b.seqs:
                     self._fail_locked(q.job, error, None, answers)
         self._answer(answers)
-        if idle and self._opts.on_idle is not None:
-            try:
-                self._opts.on_idle()
-            except Exception:  # noqa: BLE001 - memory kept is not a failed request
-                pass
 
     def _lone_hold_locked(self, b: _Batch, lone: bool) -> None:
         """Precondition: _mu held, `b` counted out of _running. A batch that ended showing more than one
