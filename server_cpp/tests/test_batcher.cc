@@ -647,62 +647,53 @@ TEST(Batcher, LoneRunsDoNotRefineTheCostTable) {
 // The runtime gives back memory grown for large batches when the batcher goes idle (model_runner.h
 // ReleaseMemory): not while work waits, where the next batch would grow it again. test_batcher.py holds
 // the same cases.
+struct IdleCalls {
+  std::mutex mu;
+  std::vector<size_t> seen;  // batches the model had seen at each on_idle call
+  Harness* h = nullptr;
+  std::function<void()> Hook() {
+    return [this] {
+      std::lock_guard<std::mutex> lk(h->mu);
+      std::lock_guard<std::mutex> lk2(mu);
+      seen.push_back(h->batches.size());
+    };
+  }
+  std::vector<size_t> Seen() {
+    std::lock_guard<std::mutex> lk(mu);
+    return seen;
+  }
+  std::vector<size_t> AfterFirst() {  // waits up to 5 s for a call
+    for (int i = 0; i < 500 && Seen().empty(); ++i) std::this_thread::sleep_for(10ms);
+    return Seen();
+  }
+};
+
 TEST(Batcher, OnIdleRunsOnceWhenABurstEndsNotBetweenItsBatches) {
-  std::mutex seen_mu;
-  std::vector<size_t> seen;
-  Harness* hp = nullptr;
-  Harness h(/*max_batch_size=*/1, 0, 4096, nullptr, 1, 0, 0, false, 1'000'000, [&] {
-    std::lock_guard<std::mutex> lk(hp->mu);
-    std::lock_guard<std::mutex> lk2(seen_mu);
-    seen.push_back(hp->batches.size());
-  });
-  hp = &h;
+  IdleCalls calls;
+  Harness h(/*max_batch_size=*/1, 0, 4096, nullptr, 1, 0, 0, false, 1'000'000, calls.Hook());
+  calls.h = &h;
   h.gated = true;
   std::vector<std::unique_ptr<Submitted>> jobs;
   for (int64_t i = 1; i <= 3; ++i) jobs.push_back(Submit(*h.batcher, {std::vector<int64_t>(4, i)}));
   ASSERT_TRUE(h.gate.WaitEntered(1));
   h.gate.Open();
   for (auto& j : jobs) Get(*j);
-  for (int i = 0; i < 500; ++i) {
-    {
-      std::lock_guard<std::mutex> lk(seen_mu);
-      if (!seen.empty()) break;
-    }
-    std::this_thread::sleep_for(10ms);
-  }
-  std::lock_guard<std::mutex> lk(seen_mu);
-  EXPECT_EQ(seen, std::vector<size_t>{3});
+  EXPECT_EQ(calls.AfterFirst(), std::vector<size_t>{3});
 }
 
 TEST(Batcher, OnIdleWaitsForAQuietSpellAndWorkWithinItDefersIt) {
   // A closed-loop client sends its next request as soon as it is answered: releasing at once would shrink
   // between every two of its batches. Work that starts within idle_release_us defers it.
-  std::mutex seen_mu;
-  std::vector<size_t> seen;
-  Harness* hp = nullptr;
-  Harness h(/*max_batch_size=*/1, 0, 4096, nullptr, 1, 0, 0, false, 1'000'000, [&] {
-    std::lock_guard<std::mutex> lk(hp->mu);
-    std::lock_guard<std::mutex> lk2(seen_mu);
-    seen.push_back(hp->batches.size());
-  }, /*idle_release_us=*/400'000);
-  hp = &h;
+  IdleCalls calls;
+  Harness h(/*max_batch_size=*/1, 0, 4096, nullptr, 1, 0, 0, false, 1'000'000, calls.Hook(),
+            /*idle_release_us=*/400'000);
+  calls.h = &h;
   for (int64_t i = 1; i <= 3; ++i) {
     Get(*Submit(*h.batcher, {std::vector<int64_t>(4, i)}));
     std::this_thread::sleep_for(50ms);
   }
-  {
-    std::lock_guard<std::mutex> lk(seen_mu);
-    EXPECT_TRUE(seen.empty());
-  }
-  for (int i = 0; i < 500; ++i) {
-    {
-      std::lock_guard<std::mutex> lk(seen_mu);
-      if (!seen.empty()) break;
-    }
-    std::this_thread::sleep_for(10ms);
-  }
-  std::lock_guard<std::mutex> lk(seen_mu);
-  EXPECT_EQ(seen, std::vector<size_t>{3});
+  EXPECT_TRUE(calls.Seen().empty());
+  EXPECT_EQ(calls.AfterFirst(), std::vector<size_t>{3});
 }
 
 TEST(Batcher, AFailingOnIdleLeavesServingAsItWas) {

@@ -548,10 +548,7 @@ def test_on_idle_runs_once_when_a_burst_ends_not_between_its_batches():
     h.gate.open()
     for j in jobs:
         j.get()
-    deadline = time.monotonic() + 5
-    while not seen and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert seen == [3]
+    assert _first_call(seen) == [3]
     h.batcher.stop()
 
 
@@ -564,10 +561,7 @@ def test_on_idle_waits_for_a_quiet_spell_and_work_within_it_defers_it():
         submit(h.batcher, [[i] * 4]).get()
         time.sleep(0.05)
     assert seen == []
-    deadline = time.monotonic() + 5
-    while not seen and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert seen == [3]
+    assert _first_call(seen) == [3]
     h.batcher.stop()
 
 
@@ -579,3 +573,11 @@ def test_a_failing_on_idle_leaves_serving_as_it_was():
     assert submit(h.batcher, [[1] * 4]).get().scores == [1004]
     assert submit(h.batcher, [[2] * 4]).get().scores == [2004]
     h.batcher.stop()
+
+
+def _first_call(seen: list[int]) -> list[int]:
+    """`seen` once on_idle has been called (waits up to 5 s)."""
+    deadline = time.monotonic() + 5
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return seen
