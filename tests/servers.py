@@ -33,13 +33,21 @@ def available_kinds() -> list[str]:
     return wanted.split(",") if wanted else launch.built_kinds()
 
 
+#: Kinds that run another kind's frontend and core with another backend: (kind, the kind it repeats).
+SAME_FRONTEND_AS = (("py-grpc-compile", "py-grpc-onnxruntime"), ("py-grpc-eager", "py-grpc-onnxruntime"))
+
+
 def frontend_kinds() -> list[str]:
-    """`available_kinds()` less py-grpc-compile unless RMSCORE_TEST_KINDS names it: for tests of the
-    transports, batcher and process (faults, hostile input, TLS, connection age), where the compile
-    kind runs py-grpc-eager's frontend and core with another backend, so it would repeat eager's test
-    at the price of a compile warm-up (about a minute each here). The contract tests keep it."""
+    """`available_kinds()` less the kinds that only repeat another's frontend and core with another
+    backend (SAME_FRONTEND_AS: py-grpc-eager and py-grpc-compile repeat py-grpc-onnxruntime's) unless
+    RMSCORE_TEST_KINDS names them: for tests of the transports, batcher and process (faults, hostile
+    input, TLS, shares, connection age), which would repeat that kind's tests at the price of another
+    warm-up (about a minute each for compile, and together some minutes of CI). The contract tests,
+    warm-up and elastic workers keep every kind."""
     kinds = available_kinds()
-    return kinds if os.environ.get("RMSCORE_TEST_KINDS") else [k for k in kinds if k != "py-grpc-compile"]
+    if os.environ.get("RMSCORE_TEST_KINDS"):
+        return kinds
+    return [k for k in kinds if not any(k == same and other in kinds for same, other in SAME_FRONTEND_AS)]
 
 
 def grpc_kind_per_language() -> list[str]:

@@ -1,5 +1,4 @@
-"""Liveness on every kind but py-grpc-compile (servers.frontend_kinds: it runs py-grpc-eager's front end
-and core), docs/contract.md "Health, readiness and liveness": a batcher that makes no progress while
+"""Liveness on one kind per frontend and core (servers.frontend_kinds), docs/contract.md "Health, readiness and liveness": a batcher that makes no progress while
 work waits fails liveness (gRPC health "liveness" NOT_SERVING, HTTP /livez 503) past
 --liveness-stall-seconds, raises rmscore_batcher_stalled_seconds and logs one warning, while readiness
 stays as it was; once the batch completes, liveness passes again and the request is answered.

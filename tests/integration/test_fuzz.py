@@ -1,6 +1,6 @@
 """Fuzzing of request decoding and validation (docs/fuzzing.md), bounded in time.
 
-Each fuzz target runs for RMSCORE_FUZZ_SECONDS (default 20) through scripts/fuzz.sh,
+Each fuzz target runs for RMSCORE_FUZZ_SECONDS (default 10) through scripts/fuzz.sh,
 the same runner a user calls for longer runs, and must finish without a crash; a
 crashing input lands in tests/fuzz/regressions/ and fails the test. Every input kept
 there is replayed on each run: the Python ones through the harness's one-input
@@ -24,7 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 FUZZ = ROOT / "tests" / "fuzz"
 REGRESSIONS = FUZZ / "regressions"
 CPP_FUZZER = ROOT / "build" / "cpp-fuzz" / "fuzz_cpp_validation"
-SECONDS = int(os.environ.get("RMSCORE_FUZZ_SECONDS", "20"))
+SECONDS = int(os.environ.get("RMSCORE_FUZZ_SECONDS", "10"))
 TARGETS = ["fuzz_cpp_validation", "fuzz_py_grpc", "fuzz_py_http"]
 SUMMARY = re.compile(r"^(\w+): (\d+) runs in (\d+) s, (\d+) crashes$", re.M)
 
