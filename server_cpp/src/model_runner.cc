@@ -71,8 +71,6 @@ ModelRunner::ModelRunner(const Config& cfg, const Manifest& manifest)
 std::vector<float> ModelRunner::Run(const PackedBatch& batch) {
   const int64_t tokens = batch.batch * batch.longest;
   if (tokens > kept_tokens_.load()) grown_.store(true);
-  for (int64_t seen = largest_run_.load(); tokens > seen && !largest_run_.compare_exchange_weak(seen, tokens);) {
-  }
   return RunWith(batch, run_options_);
 }
 
