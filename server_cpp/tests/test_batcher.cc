@@ -187,6 +187,38 @@ Result Get(Submitted& s) {
 
 using Batches = std::vector<std::vector<int64_t>>;
 
+// Mirrors test_an_idle_batcher_holds_nothing_of_the_jobs_it_answered: once answered (scored or
+// failed), a job, and through its keepalive the request it views, is held by no batcher thread waiting
+// for the next batch. (The Python batcher's thread kept its last batch while idle.)
+TEST(Batcher, AnIdleBatcherHoldsNothingOfTheJobsItAnswered) {
+  Harness h(/*max_batch_size=*/2);
+  h.fail_on = 7;
+  std::vector<std::weak_ptr<const void>> requests;
+  std::vector<std::weak_ptr<Job>> jobs;
+  for (auto ids : {std::vector<std::vector<int64_t>>{{1, 1}, {2}}, std::vector<std::vector<int64_t>>{{7}, {8, 8}, {9}}}) {
+    auto s = std::make_unique<Submitted>();
+    s->ids = std::move(ids);
+    std::vector<SeqView> views;
+    for (const auto& v : s->ids) views.push_back(SeqView{v.data(), int64_t(v.size())});
+    auto request = std::make_shared<int>(0);
+    requests.push_back(request);
+    auto promise = s->promise;
+    s->job = std::make_shared<Job>(std::move(views), std::nullopt, std::move(request),
+                                   [promise](Result&& r) { promise->set_value(std::move(r)); });
+    ASSERT_TRUE(h.batcher->Submit(s->job).ok());
+    Get(*s);
+    jobs.push_back(s->job);
+  }
+  const auto until = Clock::now() + 5s;
+  auto all_gone = [&] {
+    for (const auto& r : requests) if (!r.expired()) return false;
+    for (const auto& j : jobs) if (!j.expired()) return false;
+    return true;
+  };
+  while (!all_gone() && Clock::now() < until) std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(all_gone()) << "an idle batcher still holds an answered job or its request";
+}
+
 TEST(Batcher, SplitsRequestsOverBatchesAndAnswersInRequestOrder) {
   Harness h(/*max_batch_size=*/2);
   auto a = Submit(*h.batcher, {{1, 1, 1}, {2}, {3, 3}, {4, 4, 4, 4}, {5}});

@@ -80,6 +80,8 @@ class Job:
     """
 
     def __init__(self, seqs: list[list[int]], deadline_s: float | None, done: Done, caller: str = ""):
+        # Emptied once the job is finished and none of its sequences is queued: whoever still holds a
+        # finished job (a frontend's callback, a batch's bookkeeping) no longer holds its tokens.
         self.seqs = seqs
         self.deadline_s = deadline_s
         self.done = done
@@ -347,6 +349,10 @@ class Batcher:
             self._answer(answers)
             if batch is not None:
                 self._run(batch, run_on, lone=run_on is not model)
+            # Not held while this thread waits for the next batch: the batch's jobs, and through them
+            # every sequence of their requests, would stay resident as long as the server is idle
+            # (4 abandoned 1024-pair requests kept +34 MiB of token lists: docs/hardening.md).
+            batch = answers = None
 
     def _next_batch_locked(self, answers: list[Job]) -> _Batch | None:
         """Precondition: _mu held (released while on_idle runs). Waits until there is something to do: returns the next batch,
@@ -475,6 +481,7 @@ class Batcher:
             job.remaining -= 1
             if job.remaining == 0:
                 job.finished = True
+                job.seqs = []  # every one scored (Job.seqs)
                 answers.append(job)
 
     def _fail_locked(self, job: Job, why: ScoreError, drop_reason: str | None, answers: list[Job]) -> None:
@@ -489,6 +496,7 @@ class Batcher:
             return  # cancelled before submit, which refuses it with `why`
         answers.append(job)
         dropped = sum(self._remove_locked(job.first_seq_id + i) is not None for i in range(len(job.seqs)))
+        job.seqs = []  # none queued now (a running batch holds its own padded copy)
         self._queue_changed_locked()
         self._progress_locked(_now_us())
         if drop_reason and dropped:

@@ -226,6 +226,9 @@ class TokenizePool:
                 finished = job.running == 0 and job.next == len(job.work)
             if finished:
                 job.finish()  # a cancelled caller's future is cancelled already: nothing is set
+            # Not held while this thread waits for the next piece: an idle pool would keep the last
+            # job's texts and token ids resident (core/batcher.py's loop says the same).
+            job = piece = result = error = None
 
     def shutdown(self) -> None:
         """The threads end once no caller is left waiting (they are daemons: the exit never waits)."""
