@@ -208,3 +208,17 @@ def test_an_idle_pool_holds_nothing_of_the_last_job():
     pool, refs = asyncio.run(main())
     assert all(until_dead(r) for r in refs)
     pool.shutdown()
+
+
+def test_token_ids_share_one_int_object_per_id():
+    # Each request's ids are the shared objects, not new ints kept alive for the request's lifetime in
+    # Python's small-object arenas (core/tokenizing.py, shared_ids).
+    from rmscore.core.tokenizing import encode_ids, shared_ids
+
+    tok = tokenizer()
+    a, b = encode_ids(tok, ["the same words here", "the same words here"])
+    assert a == tok.encode("the same words here").ids
+    assert all(x is y for x, y in zip(a, b))
+    big = int("40000")  # past the default vocabulary: the table grows to it
+    out = shared_ids([5, big, 7])
+    assert out == [5, 40000, 7] and out[1] is not big and shared_ids([big])[0] is out[1]

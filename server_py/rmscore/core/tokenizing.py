@@ -59,10 +59,32 @@ def check_chars(text: str, cap: int, where: str) -> None:
                       "(or send token ids)")
 
 
+#: One int object per token id, made once and shared by every request's lists (shared_ids).
+_ID_OBJECTS: list[int] = []
+_id_objects_lock = threading.Lock()
+
+
+def shared_ids(ids: list[int]) -> list[int]:
+    """`ids` with each id replaced by the one int object kept for it. `tokenizers` makes a new int for
+    every id of every encoding; a large request's ids lived as long as the request while other objects
+    were allocated beside them in Python's small-object arenas, and an arena is given back only when
+    empty: after 4 abandoned 1024-pair /score requests py-http kept 26 extra 1 MiB arenas, +14% resident
+    (docs/bench/attacks_2026-12-06.md). The ids made here die at once, in the arenas they came from.
+    The table grows to the largest id seen (the vocabulary: 30,522 ints, about 1 MiB, for the default
+    model); a pass over a 352-id list costs about 11 us here, `.ids` itself 5."""
+    table = _ID_OBJECTS
+    try:
+        return [table[i] for i in ids]
+    except IndexError:  # an id past the table (token ids are never negative): grow it, once
+        with _id_objects_lock:
+            table.extend(range(len(table), max(ids) + 1))
+        return [table[i] for i in ids]
+
+
 def encode_ids(tokenizer, inputs: Sequence, add_special_tokens: bool = True) -> list[list[int]]:
     """Token ids of each input (a string or a (first, second) pair), through encode_batch, which
-    releases the GIL while it runs (encode does not)."""
-    return [e.ids for e in tokenizer.encode_batch(list(inputs), add_special_tokens=add_special_tokens)]
+    releases the GIL while it runs (encode does not); each id one shared int object (shared_ids)."""
+    return [shared_ids(e.ids) for e in tokenizer.encode_batch(list(inputs), add_special_tokens=add_special_tokens)]
 
 
 def pieces(chars: Sequence[int], limit: int = PIECE_CHARS) -> list[range]:

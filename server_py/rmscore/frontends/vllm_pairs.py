@@ -13,6 +13,7 @@ tokens. (Assembling tokenizers Encodings instead was no cheaper: a cut Encoding 
 from __future__ import annotations
 
 from rmscore.core.errors import invalid
+from rmscore.core.tokenizing import shared_ids
 from rmscore.core.validation import check_unicode
 from rmscore.frontends.reward_text import Encoder
 
@@ -69,7 +70,7 @@ def encode_pairs(encoder: Encoder, pairs: list[tuple[str, str]], first_max: int 
     def ids(text: str, keep: int) -> list[int]:
         key = (text, keep)
         if key not in ids_of:
-            x = tok.encode(stripped[text], add_special_tokens=False).ids
+            x = shared_ids(tok.encode(stripped[text], add_special_tokens=False).ids)
             if keep:
                 x = x[:keep]
             # Only a text's last max_len tokens can be in a pair's ids (a long pair is cut from the
