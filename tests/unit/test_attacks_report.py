@@ -51,3 +51,18 @@ def test_every_attack_is_bounded_and_named_for_its_kinds():
         assert only is None or set(only) <= {"grpc", "http", "py"}
     assert attacks.applies("trunc_stream", "cpp-grpc") and not attacks.applies("trunc_stream", "py-http-onnxruntime")
     assert attacks.applies("text_cap_8x130k", "py-grpc-onnxruntime") and not attacks.applies("text_cap_8x130k", "cpp-grpc")
+
+
+def test_a_client_timeout_is_lost_only_when_the_body_set_a_deadline():
+    # A server that accepts and never answers: the client's timeout is "lost" when the body carried
+    # timeout_ms (an answer was owed before it), "abandoned" when it set no deadline (vLLM's /score).
+    import socket
+
+    import httpx
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        with httpx.Client(base_url=f"http://127.0.0.1:{srv.getsockname()[1]}", timeout=0.2) as client:
+            assert attacks._http_outcome(client, "/score", b'{"text_1": "q", "text_2": ["d"]}') == "ABANDONED:no-deadline"
+            assert attacks._http_outcome(client, "/rmscore/v1/score", b'{"timeout_ms": 100}') == "LOST:TIMEOUT"

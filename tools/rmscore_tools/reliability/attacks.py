@@ -15,7 +15,8 @@ code), refusals slower than 100 ms, probe p50 / p99 / max, peak RSS over baselin
 alive, and the attack's own calls: sent, answered (OK), refused (by code), lost. "Lost" is a call or a
 stream item that got no answer from the server: a transport error (connection closed or reset with no
 status, HTTP read error), a stream item missing from its stream's answers, or an HTTP client timeout (the
-body carries timeout_ms, so the server owes an answer before it). gRPC DEADLINE_EXCEEDED cannot be told
+body carries timeout_ms, so the server owes an answer before it; one without it that the client gave up on
+counts as ABANDONED:no-deadline, not lost). gRPC DEADLINE_EXCEEDED cannot be told
 from the client's own deadline and counts as refused.
 """
 
@@ -128,7 +129,10 @@ def _http_outcome(client, path: str, body: bytes) -> str:
     try:
         r = client.post(path, content=body, headers={"content-type": "application/json"})
     except httpx.TimeoutException:
-        return "LOST:TIMEOUT"
+        # Lost only when the server owed an answer before the client gave up (the module docstring):
+        # a body with no timeout_ms (vLLM's /score, /rerank) sets no deadline, and the server may
+        # still be feeding it in parts behind other callers (docs/contract.md, "Shares per caller").
+        return "LOST:TIMEOUT" if b'"timeout_ms"' in body else "ABANDONED:no-deadline"
     except httpx.HTTPError as e:
         return "LOST:" + type(e).__name__
     return "OK" if r.status_code == 200 else f"HTTP_{r.status_code}"
