@@ -77,9 +77,6 @@ bool StopPending(const sigset_t& signals) {
 void WarmUp(ModelRunner& runner, const Config& cfg, const sigset_t& signals) {
   const Clock::time_point t = Clock::now();
   const int64_t shapes[][2] = {{1, 8}, {std::min<int64_t>(8, cfg.max_batch_size), 64}};
-  int64_t kept_tokens = 0;
-  for (const auto& [batch, length] : shapes) kept_tokens = std::max(kept_tokens, batch * length);
-  runner.MarkWarm(kept_tokens);
   int round = 0;
   for (; round < cfg.warmup_rounds && !StopPending(signals); ++round) {
     for (const auto& [batch, length] : shapes) {

@@ -69,8 +69,7 @@ ModelRunner::ModelRunner(const Config& cfg, const Manifest& manifest)
 }
 
 std::vector<float> ModelRunner::Run(const PackedBatch& batch) {
-  const int64_t tokens = batch.batch * batch.longest;
-  if (tokens > kept_tokens_.load()) grown_.store(true);
+  grown_.store(true, std::memory_order_relaxed);
   return RunWith(batch, run_options_);
 }
 

@@ -33,11 +33,11 @@ class ModelRunner {
 
   // ONNX Runtime's CPU arena keeps the largest batch's activations for reuse, so one burst of long
   // batches left a server 12% larger for good (docs/bench/attacks_2026-12-06.md); shrinking after every
-  // run costs about 4% a batch. So: MarkWarm notes the warm-up's largest batch (padded tokens), which
-  // the arena holds anyway, and ReleaseMemory, which the batcher calls when it goes idle, gives back what larger
-  // batches grew (one 1 x 8 run with the arena-shrinkage run option), once, and only if one ran since.
-  // True when it shrank. Thread-safe, as Run is. runtimes/ort.py does the same.
-  void MarkWarm(int64_t kept_tokens) { kept_tokens_ = kept_tokens; }
+  // run costs about 4% a batch. So ReleaseMemory, which the batcher calls when it goes idle, gives back
+  // what the batches since its last call grew (one 1 x 8 run with the arena-shrinkage run option), once,
+  // and only if a batch ran since. Any batch, not only those with more padded tokens than the warm-up's:
+  // a 512-token sequence has no more tokens than its 8 x 64 but needs more (attention is quadratic in
+  // the length). True when it shrank. Thread-safe, as Run is. runtimes/ort.py does the same.
   bool ReleaseMemory();
 
   // Makes the run in progress (and any later one) fail at once; for a
@@ -57,8 +57,7 @@ class ModelRunner {
   Ort::MemoryInfo cpu_mem_;
   Ort::RunOptions run_options_;
   Ort::RunOptions shrink_options_;
-  std::atomic<int64_t> kept_tokens_{0};  // batches of up to this many fit the warm arena
-  std::atomic<bool> grown_{false};
+  std::atomic<bool> grown_{false};  // a batch ran since the last ReleaseMemory
   std::string graph_path_;
   std::vector<std::string> input_names_;
   std::string output_name_;

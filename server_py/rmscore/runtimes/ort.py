@@ -24,7 +24,10 @@ class OrtBackend:
     batch took 1.26x as long: docs/cpp_bench.md), so one burst of long batches left the server 12%
     larger for good (docs/bench/attacks_2026-12-06.md, score_1024_pairs). Shrinking after every run
     costs about 4% a batch there; `release_memory`, which the batcher calls when it goes idle, shrinks
-    once, and only after a batch larger than the warm-up's. model_runner.cc does the same."""
+    once if any batch ran since the last time. Not only after batches larger than the warm-up's (in
+    padded tokens): one 512-token sequence is no more tokens than the warm-up's 8 x 64 but needs more
+    (attention grows with the square of the length), and cpp-grpc kept +11 MiB after them for good
+    (docs/bench/attacks_2026-12-06.md). model_runner.cc does the same."""
 
     name = "onnxruntime"
 
@@ -47,9 +50,8 @@ class OrtBackend:
         self._sess = ort.InferenceSession(str(path), so, providers=providers)
         self._shrink = ort.RunOptions()
         self._shrink.add_run_config_entry(*SHRINK_ARENA)
-        # Batches of up to this many padded tokens fit the arena the warm-up left; a larger one grows it.
-        self._kept_tokens = 0
-        self._grown = False  # a plain flag: a lost update costs one shrink run, or one skipped
+        self._grown = False  # a batch ran since the last shrink; a plain flag: a lost update costs one
+        # shrink run, or one skipped
         if cfg.device == "cuda":
             # The package lists CUDA when built with it, yet a session whose CUDA provider fails
             # to load falls back to the CPU with only a warning: refuse that, at start and per run.
@@ -60,8 +62,7 @@ class OrtBackend:
             self._sess.disable_fallback()
 
     def score(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        if input_ids.size > self._kept_tokens:
-            self._grown = True
+        self._grown = True
         return self._sess.run(["scores"], {"input_ids": input_ids, "attention_mask": attention_mask})[0]
 
     def warmup(self, max_batch_size: int, max_sequence_length: int) -> None:
@@ -69,11 +70,10 @@ class OrtBackend:
         for b, n in WARMUP_SHAPES:
             b = min(b, max_batch_size)
             self.score(np.ones((b, n), np.int64), np.ones((b, n), np.int64))
-            self._kept_tokens = max(self._kept_tokens, b * n)
 
     def release_memory(self) -> bool:
-        """Gives back the arena memory grown past the warm-up's by larger batches (one 1 x 8 run, about
-        2 ms here); nothing when none ran since the last call. True when it shrank."""
+        """Gives back the arena memory the batches since the last call grew (one 1 x 8 run, about 2 ms
+        here); nothing when none ran since. True when it shrank."""
         if not self._grown:
             return False
         self._grown = False
