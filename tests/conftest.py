@@ -3,7 +3,7 @@ integration/ (client, benchmark, load, faults, export, fuzzing), deploy/ (compos
 manifests, dashboards and rules with real tools). `bash scripts/test.sh TIER` runs one.
 
 The shared helpers beside this file (servers.py: real servers on loopback; harness.py: golden
-inputs and the contract's expectations) are imported by name from every tier: pytest puts this
+inputs and the contract's expectations; virtual_time.py, references.py) are imported by name from every tier: pytest puts this
 folder on sys.path because it holds this conftest."""
 
 import atexit

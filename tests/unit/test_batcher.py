@@ -16,6 +16,7 @@ from rmscore.core.errors import Code, ScoreError
 from rmscore.core.metrics import Metrics
 from rmscore.core.cost import CostModel, CostTable
 from rmscore.core.planner import COST_AWARE, FIFO, LENGTH_AWARE, PlannerConfig
+from references import released
 
 LABELS = {"server": "test", "backend": "v0", "device": "cpu"}
 
@@ -278,13 +279,6 @@ class Ids(list):
     """A sequence a test can hold a weak reference to."""
 
 
-def _until_dead(ref) -> bool:
-    end = time.monotonic() + 5
-    while ref() is not None and time.monotonic() < end:
-        time.sleep(0.01)
-    return ref() is None
-
-
 def test_an_idle_batcher_holds_nothing_of_the_jobs_it_answered():
     # Its thread kept the last batch, and through it each job and every sequence of the request,
     # while it waited for the next: 4 abandoned 1024-pair requests kept +34 MiB of token ids on an idle
@@ -303,9 +297,9 @@ def test_an_idle_batcher_holds_nothing_of_the_jobs_it_answered():
     seqs = [weakref.ref(x) for s in (ok, bad) for x in s.ids]
     jobs = [weakref.ref(s.job) for s in (ok, bad)]
     ok.ids = bad.ids = None
-    assert all(_until_dead(r) for r in seqs), "an answered job still holds its sequences"
+    assert all(released(r) for r in seqs), "an answered job still holds its sequences"
     ok.job = bad.job = None
-    assert all(_until_dead(r) for r in jobs), "the idle batcher still holds an answered job"
+    assert all(released(r) for r in jobs), "the idle batcher still holds an answered job"
     h.batcher.stop()
 
 

@@ -15,6 +15,7 @@ from rmscore.core.errors import Code, ScoreError
 from rmscore.core.tokenizing import TokenizePool, default_max_text_chars, pieces
 from rmscore.core.validation import Limits, SeqInput, Validator
 from rmscore.frontends.reward_text import Encoder
+from references import released
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TOKENIZER_JSON = (ROOT / "models" / "default" / "tokenizer.json").read_text()
@@ -190,12 +191,6 @@ def test_an_idle_pool_holds_nothing_of_the_last_job():
     class Token:
         pass
 
-    def until_dead(ref) -> bool:
-        end = time.monotonic() + 5
-        while ref() is not None and time.monotonic() < end:
-            time.sleep(0.01)
-        return ref() is None
-
     import weakref
 
     async def main():
@@ -206,7 +201,7 @@ def test_an_idle_pool_holds_nothing_of_the_last_job():
         return pool, refs
 
     pool, refs = asyncio.run(main())
-    assert all(until_dead(r) for r in refs)
+    assert all(released(r) for r in refs)
     pool.shutdown()
 
 

@@ -349,10 +349,11 @@ class Batcher:
             self._answer(answers)
             if batch is not None:
                 self._run(batch, run_on, lone=run_on is not model)
-            # Not held while this thread waits for the next batch: the batch's jobs, and through them
-            # every sequence of their requests, would stay resident as long as the server is idle
-            # (4 abandoned 1024-pair requests kept +34 MiB of token lists: docs/hardening.md).
-            batch = answers = None
+            # Not held while this thread waits for the next batch (the next turn replaces it only after
+            # the wait): the batch's jobs, and through them every sequence of their requests, would stay
+            # resident as long as the server is idle (4 abandoned 1024-pair requests kept +34 MiB of
+            # token lists: docs/hardening.md).
+            batch = None
 
     def _next_batch_locked(self, answers: list[Job]) -> _Batch | None:
         """Precondition: _mu held (released while on_idle runs). Waits until there is something to do: returns the next batch,
