@@ -43,6 +43,22 @@ def test_ratios_are_taken_within_each_repetition():
     assert "| py-grpc-onnxruntime | cost_aware:1 | c64 | 57.0 ± " in text
 
 
+def test_each_server_is_held_to_the_plans_measured_right_before_it():
+    # The repetition's first bar was measured when the machine was slower: a server with its own bar
+    # (recorded since 2026-12-06) is held to that one; a run recorded before keeps the repetition's.
+    reps = [_rep(0, 40.0, 38.0), _rep(1, 40.0, 38.0)]
+    for r in reps:
+        r["servers"]["py-grpc-onnxruntime cost_aware:1"]["plans"] = {
+            "best_seq_s": 50.0, "throughput_seq_s": {"1": 40.0, "8": 50.0}}
+    sm = scheduling.summarise(reps, ["py-grpc-onnxruntime", "py-http-onnxruntime"], ["cost_aware:1"])
+    own = sm["rows"]["py-grpc-onnxruntime cost_aware:1 c64"]["ratio"]["mean"]
+    assert own == pytest.approx(38.0 / 50.0)
+    assert sm["rows"]["py-grpc-onnxruntime cost_aware:1 rollout"]["makespan_factor"]["mean"] == pytest.approx(
+        1.0 / (64 / 50.0))
+    assert sm["rows"]["py-grpc-onnxruntime cost_aware:1 c1"]["batch1_ratio"]["mean"] == pytest.approx(38.0 / 40.0)
+    assert sm["rows"]["py-http-onnxruntime cost_aware:1 c64"]["ratio"]["mean"] == pytest.approx(38.0 / 40.0)
+
+
 def test_cpu_figures_are_reported_when_recorded():
     reps = [_rep(0, 40.0, 38.0), _rep(1, 80.0, 76.0)]
     for r in reps:

@@ -3,8 +3,11 @@
 A trainer's real load is many concurrent one-sequence requests (OpenRLHF >= 0.9.1 sends one query
 per request). Per repetition, side by side and in a rotated order:
 
-  (a) the best in-process plan of each runtime (plans.py, a child process): batch 1 and sorted
-      batches of 2..64 over one pool of the load's lengths; the fastest is the bar;
+  (a) the best in-process plan of the kind's runtime (plans.py, a child process), measured right
+      before each server starts: batch 1 and sorted batches of 2..64 over one pool of the load's
+      lengths; the fastest is the bar. Each server is held to the plans measured just before it,
+      not minutes earlier: this machine's speed drifts by 10% and more over minutes, and a bar
+      measured before every kind of the repetition had put that drift into every ratio;
   (b) every kind under every scheduling configuration on a fresh server: `default` (the kind's own
       defaults, no batching flag, what a user gets) or POLICY:WORKERS (e.g. length_aware:1,
       cost_aware:auto); closed loops of one sequence per request at each concurrency (1, 8, 64 by
@@ -125,14 +128,16 @@ async def measure_kind(server, s: Settings, wl: loadgen.Workload, rollouts: list
 
 def repetition(rep: int, s: Settings, model: str, kinds: list[str], configs: list[str], out: pathlib.Path,
                tmp: pathlib.Path) -> dict:
-    runtimes = sorted({kinds_registry.get(k).runtime for k in kinds})
     wl = loadgen.Workload(LengthMix.parse(LENGTHS), 1, ROLLOUT[0])
     rollouts = wl.rollouts(s.seed + rep, max(2, s.rollouts_per_rep))
     runs = [(k, c) for k in kinds for c in configs]
     runs = runs[rep % len(runs):] + runs[:rep % len(runs)]
-    result = {"rep": rep, "plans": best_plans(s, model, rep, runtimes, tmp), "servers": {}}
+    result = {"rep": rep, "plans": {}, "servers": {}}
     for i, (kind, config) in enumerate(runs):
         say(f"rep {rep + 1}/{s.repeats}, {i + 1}/{len(runs)}: {kind} {config}")
+        rt = kinds_registry.get(kind).runtime
+        plans = best_plans(s, model, rep, [rt], tmp)[rt]  # the bar, measured right before this server
+        result["plans"].setdefault(rt, plans)  # the first of the repetition, for the plans table
         profile = out / f"cost-{kind}-{config.replace(':', '-')}.json"
         t0 = time.monotonic()
         server = launch.start(kind, ready_timeout_s=s.server_ready_timeout_s, model=model,
@@ -140,6 +145,7 @@ def repetition(rep: int, s: Settings, model: str, kinds: list[str], configs: lis
         try:
             got = asyncio.run(measure_kind(server, s, wl, rollouts))
             got["startup_s"] = time.monotonic() - t0
+            got["plans"] = plans
             got["workers_line"] = next((x for x in server.log().splitlines() if "model workers" in x), "")
         finally:
             server.stop(60)
@@ -154,9 +160,12 @@ def summarise(reps: list[dict], kinds: list[str], configs: list[str]) -> dict:
         for config in configs:
             key = f"{kind} {config}"
             per = [r for r in reps if key in r["servers"]]
+            # Each server's own bar (measured right before it); runs recorded before 2026-12-06 had one per
+            # repetition.
+            bar = [r["servers"][key].get("plans") or r["plans"][rt] for r in per]
             for load in [f"c{c}" for c in CONCURRENCY] + ["rollout"]:
                 thr = [r["servers"][key][load]["throughput_seq_s"] for r in per]
-                ratio = [r["servers"][key][load]["throughput_seq_s"] / r["plans"][rt]["best_seq_s"] for r in per]
+                ratio = [r["servers"][key][load]["throughput_seq_s"] / b["best_seq_s"] for r, b in zip(per, bar)]
                 row = {"kind": kind, "config": config, "load": load, "throughput": mean_ci(thr).as_dict(),
                        "ratio": mean_ci(ratio).as_dict(),
                        "errors": sum(r["servers"][key][load]["errors"] for r in per)}
@@ -169,15 +178,15 @@ def summarise(reps: list[dict], kinds: list[str], configs: list[str]) -> dict:
                     bound = [GOALS["p99_factor"] * max(CONCURRENCY) / t * 1e3 if t > 0 else float("nan") for t in thr]
                     row["p99_ms"], row["p99_bound_ms"] = mean_ci(p99).as_dict(), mean_ci(bound).as_dict()
                 if load == "c1":
-                    b1 = [r["servers"][key][load]["throughput_seq_s"] / r["plans"][rt]["throughput_seq_s"]["1"]
-                          for r in per]
+                    b1 = [r["servers"][key][load]["throughput_seq_s"] / b["throughput_seq_s"]["1"]
+                          for r, b in zip(per, bar)]
                     row["batch1_ratio"] = mean_ci(b1).as_dict()
                 elif load.startswith("c"):
                     under = [r["servers"][key][load]["throughput_seq_s"] / r["servers"][key]["c1"]["throughput_seq_s"]
                              for r in per if r["servers"][key]["c1"]["throughput_seq_s"] > 0]
                     row["over_c1"] = mean_ci(under).as_dict()
                 else:
-                    mk = [r["servers"][key][load]["makespan_s"] / (ROLLOUT[0] / r["plans"][rt]["best_seq_s"]) for r in per]
+                    mk = [r["servers"][key][load]["makespan_s"] / (ROLLOUT[0] / b["best_seq_s"]) for r, b in zip(per, bar)]
                     row["makespan_factor"] = mean_ci(mk).as_dict()
                 rows[f"{key} {load}"] = row
     http = _http_excess(reps, configs)
@@ -209,8 +218,9 @@ def markdown(rec: dict) -> str:
              f"{rec['repeats']} repetitions, {rec['window_s']} s windows, lengths {LENGTHS}, "
              f"{rec['threads']} intra-op threads; one sequence per request at concurrency "
              f"{', '.join(map(str, CONCURRENCY))}; rollout: {ROLLOUT[0]} sequences in requests of {ROLLOUT[1]}, "
-             "all in flight. Mean ± 95% CI over repetitions; ratio = server / best plan of its runtime, same "
-             f"repetition (goal >= {GOALS['ratio']}).", "",
+             "all in flight. Mean ± 95% CI over repetitions; ratio = server / best plan of its runtime, measured "
+             f"right before that server started (goal >= {GOALS['ratio']}). The plans table shows the first "
+             "measured in each repetition.", "",
              "## Best in-process plan (sequences/s)", "", "| runtime | " + " | ".join(
                  f"batch {b}" for b in next(iter(sm["plans"].values()))) + " |",
              "|---|" + "---|" * len(next(iter(sm["plans"].values())))]
