@@ -80,7 +80,14 @@ grpc::Status Batcher::Submit(const std::shared_ptr<Job>& job) {
       start += length;
     }
     turn_end_[job->caller_] = start;
-    ++jobs_of_[job->caller_];
+    if (turn_end_.size() > sweep_at_) {
+      // Callers whose turns end at or before the head start there anyway: forget them. Swept again only
+      // once the table has doubled: where the head does not move past the turns (a client opening a
+      // connection per request is a new caller every time, starting at the head), every entry survives,
+      // and sweeping at each submit walked the whole table under the lock.
+      for (auto it = turn_end_.begin(); it != turn_end_.end();) it = it->second <= head ? turn_end_.erase(it) : ++it;
+      sweep_at_ = 64 + 2 * turn_end_.size();
+    }
     ++in_flight_;
     QueueChangedLocked();
     ProgressLocked();
@@ -410,20 +417,8 @@ void Batcher::Answer(Answers& answers) {
   }
   metrics_->InFlight(-int(answers.size()));
   std::lock_guard<std::mutex> lk(mu_);
-  for (const auto& job : answers) {
-    auto jobs = jobs_of_.find(job->caller_);
-    if (--jobs->second == 0) {
-      jobs_of_.erase(jobs);
-      turn_end_.erase(job->caller_);
-    }
-  }
   in_flight_ -= answers.size();
   if (in_flight_ == 0) idle_cv_.notify_all();
-}
-
-size_t Batcher::PerCallerEntries() {
-  std::lock_guard<std::mutex> lk(mu_);
-  return turn_end_.size() + jobs_of_.size();
 }
 
 }  // namespace rmscore

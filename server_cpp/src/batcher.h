@@ -168,9 +168,6 @@ class Batcher {
   // aborts the model runs in progress (their jobs fail the same way) and ends
   // the batcher threads.
   void Stop();
-  // Entries of the fair order's two per-caller tables now (one each per caller with a job in flight):
-  // their bound, for tests.
-  size_t PerCallerEntries();
 
  private:
   struct Queued {
@@ -235,12 +232,9 @@ class Batcher {
   QueueWork work_;                    // the queue's tokens and their model time
   uint64_t next_seq_id_ = 1;
   // Fair order: where each caller's last turn ended (its next one starts there, or at the head when
-  // that is later), and the latest start taken into a batch (the head of an empty queue). A caller is
-  // forgotten once its last job is answered: it then has nothing queued, and starts at the head
-  // (docs/contract.md, "Shares per caller"). The table holds only callers with a job in flight, however
-  // many connections come and go (HTTP clients often open one per request).
+  // that is later), and the latest start taken into a batch (the head of an empty queue).
   std::unordered_map<std::string, int64_t> turn_end_;
-  std::unordered_map<std::string, size_t> jobs_of_;  // each caller's jobs accepted and not yet answered
+  size_t sweep_at_ = 64;  // turn_end_'s size past which it is swept
   int64_t last_start_ = 0;
   size_t in_flight_ = 0;  // accepted, callback not yet run
   int running_ = 0;       // batches taken and not yet recorded: a lone one is chosen when this is 0

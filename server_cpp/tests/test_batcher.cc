@@ -827,38 +827,6 @@ TEST(FairShare, OneCallerKeepsArrivalOrder) {
   EXPECT_EQ(h.Batches(), (Batches{{1}, {2}, {3}, {4}, {5}}));
 }
 
-TEST(FairShare, ACallerWhoseJobsWereAllAnsweredStartsAtTheHead) {
-  Harness h(/*max_batch_size=*/1);
-  h.gated = true;
-  auto first = SubmitAs(h, "x", {std::vector<int64_t>(10, 1)});
-  ASSERT_TRUE(h.gate.WaitEntered(1));
-  auto b = SubmitAs(h, "b", {std::vector<int64_t>(20, 20), std::vector<int64_t>(20, 21)});  // turns end at 20, 40
-  h.gate.Release();
-  Get(*first);
-  ASSERT_TRUE(h.gate.WaitEntered(2));  // b's 20 runs; x has nothing queued or running
-  // x's turn starts at the head (0), not where its answered one ended (10): it ends at 30, before b's 21
-  // (40). Remembered, it would end at 40, tied with b's 21, and wait for it.
-  auto again = SubmitAs(h, "x", {std::vector<int64_t>(30, 2)});
-  h.gate.Open();
-  Get(*b), Get(*again);
-  EXPECT_EQ(h.Batches(), (Batches{{1}, {20}, {2}, {21}}));
-}
-
-TEST(FairShare, TheBatcherRemembersOnlyCallersWithAJobInFlight) {
-  // A client that opens a connection per request is a new caller every time: 2,000 of them, one after
-  // another, leave nothing behind (each had been kept, and every submit then swept the whole table).
-  Harness h(/*max_batch_size=*/4);
-  for (int64_t i = 0; i < 2000; ++i) {
-    auto s = SubmitAs(h, "ipv4:127.0.0.1:" + std::to_string(10000 + i), {std::vector<int64_t>(8, i % 50 + 1)});
-    ASSERT_TRUE(s->admitted.ok());
-    Get(*s);
-  }
-  std::vector<std::unique_ptr<Submitted>> running;
-  for (int64_t i = 0; i < 3; ++i) running.push_back(SubmitAs(h, "c" + std::to_string(i), {std::vector<int64_t>(8, i + 1)}));
-  for (auto& s : running) Get(*s);
-  EXPECT_EQ(h.batcher->PerCallerEntries(), 0u);
-}
-
 TEST(FairShare, AFloodingCallerIsRefusedForItsOwnWorkWhileAnotherIsAccepted) {
   // 100 us per token, a 1 s bound: the work each caller would wait for is known exactly.
   Harness h(/*max_batch_size=*/1, /*delay_us=*/0, /*max_queue=*/4096, nullptr, /*workers=*/1,

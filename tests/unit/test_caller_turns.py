@@ -69,38 +69,6 @@ def test_one_caller_keeps_arrival_order():
     h.batcher.stop()
 
 
-def test_a_caller_whose_jobs_were_all_answered_starts_at_the_head():
-    h = Harness(max_batch_size=1)
-    h.gated = True
-    first = submit_as(h, "x", [[1] * 10])
-    assert h.gate.wait_entered(1)
-    b = submit_as(h, "b", [[20] * 20, [21] * 20])  # turns end at 20 and 40 (from the head, 0)
-    h.gate.release()
-    first.get()
-    assert h.gate.wait_entered(2)  # b's 20 runs; x has nothing queued or running
-    # x's turn starts at the head (0), not where its answered one ended (10): it ends at 30, before b's
-    # 21 (40). Remembered, it would end at 40, tied with b's 21, and wait for it.
-    again = submit_as(h, "x", [[2] * 30])
-    h.gate.open()
-    for s in (b, again):
-        s.get()
-    assert h.batches == [[1], [20], [2], [21]]
-    h.batcher.stop()
-
-
-def test_the_batcher_remembers_only_callers_with_a_job_in_flight():
-    # A client that opens a connection per request is a new caller every time: 2,000 of them, one after
-    # another, leave nothing behind (each had been kept, and every submit then rebuilt the whole table).
-    h = Harness(max_batch_size=4)
-    for i in range(2000):
-        assert submit_as(h, f"ipv4:127.0.0.1:{10000 + i}", [[i % 50 + 1] * 8]).get().scores
-    running = [submit_as(h, f"c{i}", [[i + 1] * 8]) for i in range(3)]
-    for s in running:
-        s.get()
-    assert h.batcher._turn_end == {} and h.batcher._jobs_of == {}
-    h.batcher.stop()
-
-
 def test_a_flooding_caller_is_refused_for_its_own_work_while_another_is_accepted():
     # 100 us per token, a 1 s bound: the work each caller would wait for is known exactly.
     h = Harness(max_batch_size=1, max_wait_us=1_000_000, seed=100.0)
