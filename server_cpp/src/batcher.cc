@@ -1,6 +1,7 @@
 #include "batcher.h"
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 #include <unordered_set>
 
@@ -72,9 +73,9 @@ grpc::Status Batcher::Submit(const std::shared_ptr<Job>& job) {
     const int64_t head = HeadLocked();
     int64_t start = TurnStartLocked(job->caller_, head);
     for (size_t i = 0; i < job->seqs_.size(); ++i) {
-      // Ranked by where its turn ends; the start kept for the head.
+      // Ranked by where its turn ends.
       const int64_t length = job->seqs_[i].length;
-      index_.Add(Waiting{next_seq_id_, arrival, length, job->deadline_us_}, start + length, start);
+      index_.Add(Waiting{next_seq_id_, arrival, length, job->deadline_us_}, start + length);
       queue_.emplace(next_seq_id_++, Queued{job, i, arrival});
       work_.Add(length, job->caller_);
       start += length;
@@ -106,7 +107,7 @@ grpc::Status Batcher::WorkRefusal(std::optional<Clock::time_point> deadline, con
 }
 
 int64_t Batcher::HeadLocked() const {
-  return index_.size() ? std::min(index_.FirstStart(), last_start_) : last_start_;
+  return index_.size() ? std::min(index_.FirstRank(), served_to_) : served_to_;
 }
 
 int64_t Batcher::TurnStartLocked(const std::string& caller, int64_t head) const {
@@ -257,11 +258,15 @@ std::optional<Batcher::Batch> Batcher::NextBatchLocked(std::unique_lock<std::mut
 Batcher::Batch Batcher::TakeBatchLocked(const std::vector<uint64_t>& ids, int64_t now_us) {
   Batch b;
   std::vector<SeqView> views;
+  // The head moves to the end of the first one's turn (its partners ride along: their callers' turns
+  // already count them).
+  int64_t first = std::numeric_limits<int64_t>::max();
+  for (uint64_t id : ids) first = std::min(first, index_.Rank(id));
+  if (!ids.empty()) served_to_ = std::max(served_to_, first);
   for (uint64_t id : ids) {
     auto it = queue_.find(id);
     views.push_back(it->second.job->seqs_[it->second.index]);
     metrics_->QueueWait(double(now_us - it->second.arrival_us) / 1e6);
-    last_start_ = std::max(last_start_, index_.Start(id));
     work_.Remove(views.back().length, it->second.job->caller_);
     b.seqs.push_back(std::move(it->second));
     queue_.erase(it);
@@ -376,7 +381,6 @@ void Batcher::FailLocked(std::shared_ptr<Job> job, const grpc::Status& why, cons
 bool Batcher::RemoveLocked(uint64_t id) {
   auto it = queue_.find(id);
   if (it == queue_.end()) return false;
-  last_start_ = std::max(last_start_, index_.Start(id));
   work_.Remove(it->second.job->seqs_[it->second.index].length, it->second.job->caller_);
   queue_.erase(it);
   index_.Remove(id);

@@ -14,11 +14,14 @@
 // Fair order (issue 29, defect 4): the queue is ordered by callers' turns, not
 // by arrival. Each sequence's turn starts where its caller's previous one ended
 // (the caller's own work so far, in real tokens), or at the head when that is
-// later (the head: the latest start taken into a batch, or the earliest start
-// queued when that is earlier), and ends its length later. The sequence ranks by
-// where its turn ends (its virtual finish, as in weighted fair queueing; ties by
-// arrival): a caller whose work has all been taken starts at the head, and its
-// sequence runs before every sequence that ends later. Ranking by the start
+// later, and ends its length later. The sequence ranks by where its turn ends
+// (its virtual finish, as in weighted fair queueing; ties by arrival): a caller
+// whose work has all been taken starts at the head, and its sequence runs before
+// every sequence that ends later. The head is self-clocked fair queueing's
+// virtual time: where the turn of the latest batch's first sequence ended, or
+// the lowest rank queued when that is lower, so serving a turn moves the head
+// past it (until the afternoon of 2026-12-06 a long sequence held the head at its start and new
+// callers passed it for as long as they came: batcher.py says more). Ranking by the start
 // (start-time fair queueing, until 2026-12-06) put a 16-token probe behind every
 // 512-token first item tied with it at the head (batcher.py says more). The
 // planner builds every batch around the lowest rank
@@ -181,8 +184,9 @@ class Batcher {
   // Precondition for the *Locked steps: mu_ held (NextBatchLocked through `lk`, which it releases while
   // on_idle runs).
   grpc::Status RefusalLocked(int64_t n) const;
-  // Precondition: mu_ held. The head of the turns: the latest start taken into a batch, or the
-  // earliest queued when that is earlier.
+  // Precondition: mu_ held. The head of the turns: where the turn of the latest batch's first sequence
+  // ended, or the lowest rank queued when that is lower (a planner that does not build every batch
+  // around the lowest rank, or a batch whose first sequence was cancelled).
   int64_t HeadLocked() const;
   // Precondition: mu_ held. Where `caller`'s next turn starts: where its previous one ended, or at
   // `head` when that is later.
@@ -227,10 +231,11 @@ class Batcher {
   QueueWork work_;                    // the queue's tokens and their model time
   uint64_t next_seq_id_ = 1;
   // Fair order: where each caller's last turn ended (its next one starts there, or at the head when
-  // that is later), and the latest start taken into a batch (the head of an empty queue).
+  // that is later), and where the turn of the latest batch's first sequence ended (the head of an empty
+  // queue).
   std::unordered_map<std::string, int64_t> turn_end_;
   size_t sweep_at_ = 64;  // turn_end_'s size past which it is swept
-  int64_t last_start_ = 0;
+  int64_t served_to_ = 0;
   size_t in_flight_ = 0;  // accepted, callback not yet run
   int running_ = 0;       // batches taken and not yet recorded: a lone one is chosen when this is 0
   // The lone batch running, if one is, and whether another batch started beside it; no lone batch

@@ -180,10 +180,8 @@ bool Closed(const QueueIndex& index, const Chosen& c, const PlannerConfig& cfg) 
 
 }  // namespace
 
-void QueueIndex::Add(const Waiting& w, int64_t rank, std::optional<int64_t> start) {
-  const int64_t s = start.value_or(rank);
-  by_id_.emplace(w.id, Held{w, rank, s});
-  starts_.emplace(s, w.id);
+void QueueIndex::Add(const Waiting& w, int64_t rank) {
+  by_id_.emplace(w.id, Held{w, rank});
   by_arrival_.emplace(std::make_pair(rank, w.id), w.id);
   const Entry e{w.length, rank, w.id};
   by_length_.insert(std::lower_bound(by_length_.begin(), by_length_.end(), e), e);
@@ -193,8 +191,7 @@ void QueueIndex::Add(const Waiting& w, int64_t rank, std::optional<int64_t> star
 bool QueueIndex::Remove(uint64_t id) {
   auto it = by_id_.find(id);
   if (it == by_id_.end()) return false;
-  const auto& [w, rank, start] = it->second;
-  starts_.erase({start, id});
+  const auto& [w, rank] = it->second;
   by_arrival_.erase(std::make_pair(rank, id));
   by_length_.erase(std::lower_bound(by_length_.begin(), by_length_.end(), Entry{w.length, rank, id}));
   if (w.deadline_us) deadlines_.erase({*w.deadline_us, id});

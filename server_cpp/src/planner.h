@@ -46,8 +46,7 @@ struct Decision {
 // keep the queue order) and deadline. The rank is the queue order: the batcher gives each sequence its
 // caller's turn (batcher.h, "fair order"), so a new caller's sequence may rank before sequences that
 // arrived earlier; equal ranks keep their ids' order. The oldest, which every batch holds, is the lowest
-// rank. A sequence may also carry a start (its turn's start, which the batcher's head follows; the rank
-// by default), kept sorted for FirstStart. The batcher keeps one beside its queue, so a decision reads
+// rank. The batcher keeps one beside its queue, so a decision reads
 // O(max_batch_size) entries and binary searches whatever is queued instead of rebuilding and sorting
 // every waiting sequence (1.7 ms at 4,096 queued, paid per sequence when the planner picks batches of
 // one). Plan builds one from a list. Not thread-safe: the batcher's mu_ guards it.
@@ -62,19 +61,15 @@ class QueueIndex {
       return rank != o.rank ? rank < o.rank : id < o.id;
     }
   };
-  // `rank`: the sequence's place in the queue order (ties: by id); `start`: its turn's start (nullopt:
-  // the rank).
-  void Add(const Waiting& w, int64_t rank, std::optional<int64_t> start = std::nullopt);
+  // `rank`: the sequence's place in the queue order (ties: by id).
+  void Add(const Waiting& w, int64_t rank);
   bool Remove(uint64_t id);
   size_t size() const { return by_id_.size(); }
   const Waiting& Get(uint64_t id) const { return by_id_.at(id).w; }
   int64_t Rank(uint64_t id) const { return by_id_.at(id).rank; }
-  int64_t Start(uint64_t id) const { return by_id_.at(id).start; }
   const Waiting& Oldest() const { return Get(by_arrival_.begin()->second); }
   // The lowest rank queued (the index must not be empty).
   int64_t FirstRank() const { return by_arrival_.begin()->first.first; }
-  // The lowest start queued (the index must not be empty).
-  int64_t FirstStart() const { return starts_.begin()->first; }
   // Real tokens of the sequences ranked at or before `rank`: what runs before a sequence added now at
   // `rank` (equal ranks keep their ids' order, and a new id is the highest). Walks them: admission's
   // cost, at most the queue.
@@ -91,10 +86,8 @@ class QueueIndex {
   struct Held {
     Waiting w;
     int64_t rank;
-    int64_t start;
   };
   std::unordered_map<uint64_t, Held> by_id_;
-  std::set<std::pair<int64_t, uint64_t>> starts_;  // (start, id)
   std::map<std::pair<int64_t, uint64_t>, uint64_t> by_arrival_;
   std::vector<Entry> by_length_;
   std::set<std::pair<int64_t, uint64_t>> deadlines_;

@@ -1,6 +1,7 @@
 """Callers served in turn, and admitted by their own share of the work (issue 29, defect 4; docs/contract.md,
 "Shares per caller"): the batcher ranks each sequence by its caller's work so far, so a caller with
-nothing queued goes to the head of the line whatever another caller holds, and admission counts the
+nothing queued goes to the head of the line whatever another caller holds (and the head moves as turns are
+served, so a long sequence is not passed for ever), and admission counts the
 work ahead of *this* caller, so a caller that floods is refused for its own work while others are
 accepted. The stand-in model and its gate are test_batcher.py's. Each case has a namesake in
 server_cpp/tests/test_batcher.cc (FairShare*)."""
@@ -36,8 +37,9 @@ def test_a_new_caller_runs_next_whatever_a_flooding_caller_has_queued():
     h.gate.open()
     assert probe.get().scores == [50008]
     assert [s.get().scores[0] // 1000 for s in flood] == [1, 2, 3, 4, 5, 6]
-    # The probe ran right after the batch that was running, before the flood's queue.
-    assert h.batches == [[1], [50], [2], [3], [4], [5], [6]]
+    # The probe's turn starts at the head, where the running batch's turn ended (8), and ends at 16 with
+    # the flood's next, which came first: it ran second, before the rest of the flood's queue.
+    assert h.batches == [[1], [2], [50], [3], [4], [5], [6]]
     h.batcher.stop()
 
 
@@ -51,9 +53,31 @@ def test_callers_with_work_queued_take_turns_by_tokens():
     h.gate.open()
     for s in (first, a, b):
         s.get()
-    # Turns end at a: 20, 30, 40, 50 and b: 20, 40 (b starts at the head, 0, where a's first began):
-    # ties by arrival, so one of b's runs per two of a's.
-    assert h.batches == [[1], [2], [20], [3], [4], [21], [5]]
+    # Turns end at a: 20, 30, 40, 50 and b: 30, 50 (b starts at the head, 10, where the running batch's
+    # turn ended): ties by arrival, so one of b's runs per two of a's.
+    assert h.batches == [[1], [2], [3], [20], [4], [5], [21]]
+    h.batcher.stop()
+
+
+def test_a_long_sequence_waits_for_its_turns_worth_of_new_callers_not_for_ever():
+    # A client opening a connection per request is a new caller every time. A 100-token sequence queued,
+    # then one 10-token newcomer per batch: serving each newcomer's turn moves the head past it, so the
+    # long one runs once the newcomers' turns reach the end of its own (nine of them). With the head held
+    # at the long one's start (until the afternoon of 2026-12-06) every newcomer ranked before it for as long as they came.
+    h = Harness(max_batch_size=1)
+    h.gated = True
+    running = submit_as(h, "r", [[1] * 10])
+    assert h.gate.wait_entered(1)
+    long = submit_as(h, "x", [[2] * 100])
+    newcomers = []
+    for k in range(1, 16):
+        newcomers.append(submit_as(h, f"n{k}", [[100 + k] * 10]))
+        h.gate.release()
+        assert h.gate.wait_entered(k + 1)  # the batch after the one released has started
+    h.gate.open()
+    for s in (running, long, *newcomers):
+        s.get()
+    assert h.batches == [[1], *([100 + k] for k in range(1, 10)), [2], *([100 + k] for k in range(10, 16))]
     h.batcher.stop()
 
 

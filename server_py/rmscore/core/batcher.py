@@ -13,10 +13,15 @@ the same names and the same steps (docs/batching.md, "Structure").
 
 Fair order (issue 29, defect 4): the queue is ordered by callers' turns, not by arrival. Each
 sequence's turn starts where its caller's previous one ended (the caller's own work so far, in real
-tokens), or at the head when that is later (the head: the latest start taken into a batch, or the
-earliest start queued when that is earlier), and ends its length later. The sequence ranks by where
+tokens), or at the head when that is later, and ends its length later. The sequence ranks by where
 its turn ends (its virtual finish, as in weighted fair queueing; ties by arrival): a caller whose work
 has all been taken starts at the head, and its sequence runs before every sequence that ends later.
+The head is the virtual time of self-clocked fair queueing: where the turn of the latest batch's
+first sequence (its lowest rank) ended, or the lowest rank queued when that is lower. So serving a
+turn moves the head past it. Until the afternoon of 2026-12-06 the head was the latest start taken, or the earliest
+start queued: a long sequence held the head at its start, every new caller started there too (each
+connection a client opens per request is one), and shorter sequences ranked before it for as long
+as they came: shortest-first, and the long one waited until its deadline.
 Ranking by the start instead (start-time fair queueing, until 2026-12-06) put a 16-token probe behind
 every 512-token first item tied with it at the head: 80 connections each streaming one were seconds of
 work ahead of it (docs/bench/attacks_2026-12-06.md). The planner builds every batch around the lowest
@@ -170,10 +175,11 @@ class Batcher:
         self._work = QueueWork(len(models), opts.max_queue_wait_us, opts.seed_us_per_token, opts.planner.max_batch_us)
         self._next_seq_id = 1
         # Fair order: where each caller's last turn ended (its next one starts there, or at the head
-        # when that is later), and the latest start taken into a batch (the head of an empty queue).
+        # when that is later), and where the turn of the latest batch's first sequence ended (the head
+        # of an empty queue).
         self._turn_end: dict[str, int] = {}
         self._sweep_at = 64  # the table's size past which it is swept
-        self._last_start = 0
+        self._served_to = 0
         self._in_flight = 0  # accepted, callback not yet run
         self._running = 0  # batches taken and not yet recorded: a lone one is chosen when this is 0
         # The lone batch running, if one is, and whether another batch started beside it; no lone batch
@@ -213,9 +219,8 @@ class Batcher:
             start = self._turn_start_locked(job.caller, head)
             for i, seq in enumerate(job.seqs):
                 self._queue[self._next_seq_id] = _Queued(job, i, arrival)
-                # Ranked by where its turn ends; the start kept for the head.
-                self._index.add(Waiting(self._next_seq_id, arrival, len(seq), job.deadline_us),
-                                start + len(seq), start)
+                # Ranked by where its turn ends.
+                self._index.add(Waiting(self._next_seq_id, arrival, len(seq), job.deadline_us), start + len(seq))
                 self._work.add(len(seq), job.caller)
                 start += len(seq)
                 self._next_seq_id += 1
@@ -245,9 +250,10 @@ class Batcher:
             return self._work_refusal_locked(_now_us(), None if deadline_s is None else int(deadline_s * 1e6), caller)
 
     def _head_locked(self) -> int:
-        """Precondition: _mu held. The head of the turns: the latest start taken into a batch, or the
-        earliest queued when that is earlier."""
-        return min(self._index.first_start(), self._last_start) if len(self._index) else self._last_start
+        """Precondition: _mu held. The head of the turns: where the turn of the latest batch's first
+        sequence ended, or the lowest rank queued when that is lower (a planner that does not build
+        every batch around the lowest rank, or a batch whose first sequence was cancelled)."""
+        return min(self._index.first_rank(), self._served_to) if len(self._index) else self._served_to
 
     def _turn_start_locked(self, caller: str, head: int) -> int:
         """Precondition: _mu held. Where `caller`'s next turn starts: where its previous one ended, or
@@ -402,7 +408,10 @@ class Batcher:
 
     def _take_batch_locked(self, ids: list[int], now_us: int) -> _Batch:
         """Precondition: _mu held. Removes `ids` from the queue and packs them (under _mu, as the C++
-        batcher must: there the sequences are views into request messages). Their queue wait ends now."""
+        batcher must: there the sequences are views into request messages). Their queue wait ends now,
+        and the head moves to the end of the first one's turn (its partners ride along: their callers'
+        turns already count them)."""
+        self._served_to = max(self._served_to, min(self._index.rank(seq_id) for seq_id in ids))
         seqs = [self._remove_locked(seq_id) for seq_id in ids]
         for q in seqs:
             self._metrics.queue_wait((now_us - q.arrival_us) / 1e6)
@@ -513,7 +522,6 @@ class Batcher:
         """Precondition: _mu held. Removes a sequence from the queue (None when it is not there)."""
         q = self._queue.pop(seq_id, None)
         if q is not None:
-            self._last_start = max(self._last_start, self._index.start(seq_id))
             self._index.remove(seq_id)
             self._work.remove(len(q.job.seqs[q.index]), q.job.caller)
         return q

@@ -81,9 +81,7 @@ class QueueIndex:
 
     The rank is the queue order: the batcher gives each sequence its caller's turn (batcher.py, "fair
     order"), so a new caller's sequence may rank before sequences that arrived earlier; equal ranks
-    keep their ids' order. The oldest sequence, which every batch holds, is the lowest rank. A sequence
-    may also carry a start (its turn's start, which the batcher's head follows; the rank by default),
-    kept sorted for `first_start`.
+    keep their ids' order. The oldest sequence, which every batch holds, is the lowest rank.
 
     The batcher keeps one beside its queue (add on submit, remove when a sequence leaves), so a
     decision reads O(max_batch_size) entries and binary searches whatever is queued: rebuilding and
@@ -92,22 +90,18 @@ class QueueIndex:
     the shared vectors hold both languages to). Not thread-safe: the batcher's lock guards it."""
 
     def __init__(self) -> None:
-        self._by_id: dict[int, tuple[Waiting, int, int]] = {}  # id -> (waiting, rank, start)
+        self._by_id: dict[int, tuple[Waiting, int]] = {}  # id -> (waiting, rank)
         self._by_rank: list[tuple[int, int]] = []  # (rank, id), sorted: the queue order
         self._rank_lengths: list[int] = []  # the length of each entry of _by_rank, at the same place
         self.by_length: list[tuple[int, int, int]] = []
         self._deadlines: list[tuple[int, int]] = []  # (deadline_us, id) of the sequences that have one
-        self._starts: list[tuple[int, int]] = []  # (start, id), sorted
 
     def __len__(self) -> int:
         return len(self._by_id)
 
-    def add(self, w: Waiting, rank: int, start: int | None = None) -> None:
-        """`rank`: the sequence's place in the queue order (ties: by id); `start`: its turn's start
-        (None: the rank)."""
-        start = rank if start is None else start
-        self._by_id[w.id] = (w, rank, start)
-        bisect.insort(self._starts, (start, w.id))
+    def add(self, w: Waiting, rank: int) -> None:
+        """`rank`: the sequence's place in the queue order (ties: by id)."""
+        self._by_id[w.id] = (w, rank)
         at = bisect.bisect_left(self._by_rank, (rank, w.id))
         self._by_rank.insert(at, (rank, w.id))
         self._rank_lengths.insert(at, w.length)
@@ -119,8 +113,7 @@ class QueueIndex:
         got = self._by_id.pop(seq_id, None)
         if got is None:
             return None
-        w, rank, start = got
-        del self._starts[bisect.bisect_left(self._starts, (start, seq_id))]
+        w, rank = got
         at = bisect.bisect_left(self._by_rank, (rank, seq_id))
         del self._by_rank[at]
         del self._rank_lengths[at]
@@ -139,13 +132,6 @@ class QueueIndex:
     def first_rank(self) -> int:
         """The lowest rank queued (the index must not be empty)."""
         return self._by_rank[0][0]
-
-    def first_start(self) -> int:
-        """The lowest start queued (the index must not be empty)."""
-        return self._starts[0][0]
-
-    def start(self, seq_id: int) -> int:
-        return self._by_id[seq_id][2]
 
     def tokens_through(self, rank: int) -> int:
         """Real tokens of the sequences ranked at or before `rank`: what runs before a sequence added now
