@@ -107,7 +107,14 @@ grpc::Status Batcher::WorkRefusal(std::optional<Clock::time_point> deadline, con
 }
 
 int64_t Batcher::HeadLocked() const {
-  return index_.size() ? std::min(index_.FirstRank(), served_to_) : served_to_;
+  return index_.size() ? std::min(index_.FirstRank(), virtual_) : virtual_;
+}
+
+void Batcher::AdvanceLocked(const Batch& b) {
+  int64_t sharing = 0;  // GPS's backlogged callers: whose turns end past the head
+  for (const auto& [caller, end] : turn_end_) sharing += end > virtual_;
+  sharing = std::max<int64_t>(1, sharing);
+  virtual_ = std::max(virtual_, std::min(b.first_end, virtual_ + (b.packed.real_tokens + sharing - 1) / sharing));
 }
 
 int64_t Batcher::TurnStartLocked(const std::string& caller, int64_t head) const {
@@ -258,11 +265,14 @@ std::optional<Batcher::Batch> Batcher::NextBatchLocked(std::unique_lock<std::mut
 Batcher::Batch Batcher::TakeBatchLocked(const std::vector<uint64_t>& ids, int64_t now_us) {
   Batch b;
   std::vector<SeqView> views;
-  // The head moves to the end of the first one's turn (its partners ride along: their callers' turns
-  // already count them).
-  int64_t first = std::numeric_limits<int64_t>::max();
-  for (uint64_t id : ids) first = std::min(first, index_.Rank(id));
-  if (!ids.empty()) served_to_ = std::max(served_to_, first);
+  // The virtual time moves to the start of the first one's turn now, and on when the batch ends
+  // (AdvanceLocked).
+  std::pair<int64_t, uint64_t> first{std::numeric_limits<int64_t>::max(), 0};
+  for (uint64_t id : ids) first = std::min(first, std::make_pair(index_.Rank(id), id));
+  if (!ids.empty()) {
+    virtual_ = std::max(virtual_, first.first - index_.Get(first.second).length);
+    b.first_end = first.first;
+  }
   for (uint64_t id : ids) {
     auto it = queue_.find(id);
     views.push_back(it->second.job->seqs_[it->second.index]);
@@ -310,6 +320,7 @@ void Batcher::Run(const Batch& b, const BatchModel& model, bool lone) {
     // planner's choices matter: a lone run, on every thread, would skew it.
     if (opts_.cost && error.ok() && !lone) opts_.cost->Observe(int64_t(b.seqs.size()), b.packed.longest, ms / 1e3);
     work_.BatchEnded(b.packed.real_tokens);
+    AdvanceLocked(b);
     if (error.ok()) work_.Observe(ms * 1e3, b.packed.real_tokens);
     QueueChangedLocked();
     if (opts_.on_idle && queue_.empty() && running_ == 0) {

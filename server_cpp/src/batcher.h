@@ -17,11 +17,14 @@
 // later, and ends its length later. The sequence ranks by where its turn ends
 // (its virtual finish, as in weighted fair queueing; ties by arrival): a caller
 // whose work has all been taken starts at the head, and its sequence runs before
-// every sequence that ends later. The head is self-clocked fair queueing's
-// virtual time: where the turn of the latest batch's first sequence ended, or
-// the lowest rank queued when that is lower, so serving a turn moves the head
-// past it (until the afternoon of 2026-12-06 a long sequence held the head at its start and new
-// callers passed it for as long as they came: batcher.py says more). Ranking by the start
+// every sequence that ends later. The head is the queue's virtual time, which
+// follows fair queueing's (GPS): at least the start of the running batch's
+// first turn, and moved on, when a batch ends, by its real tokens over the
+// callers sharing then (those whose turns end past the head: GPS's
+// backlogged ones; at least one, at most to the end of that first turn). So
+// serving turns moves the head, and new callers
+// pass a long sequence for a bounded time (until the afternoon of 2026-12-06 it held the head at
+// its start and they passed it for as long as they came: batcher.py says more). Ranking by the start
 // (start-time fair queueing, until 2026-12-06) put a 16-token probe behind every
 // 512-token first item tied with it at the head (batcher.py says more). The
 // planner builds every batch around the lowest rank
@@ -177,6 +180,7 @@ class Batcher {
     std::vector<Queued> seqs;
     PackedBatch packed;
     int64_t started_us = 0;  // when it was counted running (StallClock::NowUs)
+    int64_t first_end = 0;   // where its first sequence's turn ends: the head moves no further when it ends
   };
   using Answers = std::vector<std::shared_ptr<Job>>;  // finished jobs whose callback is due
 
@@ -184,10 +188,12 @@ class Batcher {
   // Precondition for the *Locked steps: mu_ held (NextBatchLocked through `lk`, which it releases while
   // on_idle runs).
   grpc::Status RefusalLocked(int64_t n) const;
-  // Precondition: mu_ held. The head of the turns: where the turn of the latest batch's first sequence
-  // ended, or the lowest rank queued when that is lower (a planner that does not build every batch
-  // around the lowest rank, or a batch whose first sequence was cancelled).
+  // Precondition: mu_ held. The head of the turns: the virtual time, or the lowest rank queued when that
+  // is lower (a planner that does not build every batch around the lowest rank).
   int64_t HeadLocked() const;
+  // Precondition: mu_ held. The batch `b` ended: the virtual time moves on by its real tokens over the
+  // callers sharing now, at most to the end of its first turn (batcher.py's _advance_locked says why).
+  void AdvanceLocked(const Batch& b);
   // Precondition: mu_ held. Where `caller`'s next turn starts: where its previous one ended, or at
   // `head` when that is later.
   int64_t TurnStartLocked(const std::string& caller, int64_t head) const;
@@ -231,11 +237,10 @@ class Batcher {
   QueueWork work_;                    // the queue's tokens and their model time
   uint64_t next_seq_id_ = 1;
   // Fair order: where each caller's last turn ended (its next one starts there, or at the head when
-  // that is later), and where the turn of the latest batch's first sequence ended (the head of an empty
-  // queue).
+  // that is later), and the queue's virtual time (the head of an empty queue).
   std::unordered_map<std::string, int64_t> turn_end_;
   size_t sweep_at_ = 64;  // turn_end_'s size past which it is swept
-  int64_t served_to_ = 0;
+  int64_t virtual_ = 0;
   size_t in_flight_ = 0;  // accepted, callback not yet run
   int running_ = 0;       // batches taken and not yet recorded: a lone one is chosen when this is 0
   // The lone batch running, if one is, and whether another batch started beside it; no lone batch

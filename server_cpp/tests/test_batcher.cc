@@ -752,9 +752,8 @@ TEST(FairShare, ANewCallerRunsNextWhateverAFloodingCallerHasQueued) {
   h.gate.Open();
   EXPECT_EQ(Get(*probe).scores, std::vector<float>{50008});
   for (int64_t i = 1; i <= 6; ++i) EXPECT_EQ(Get(*flood[size_t(i - 1)]).scores, std::vector<float>{float(i * 1000 + 8)});
-  // The probe's turn starts at the head, where the running batch's turn ended (8), and ends at 16 with the
-  // flood's next, which came first: it ran second, before the rest of the flood's queue.
-  EXPECT_EQ(h.Batches(), (Batches{{1}, {2}, {50}, {3}, {4}, {5}, {6}}));
+  // The probe ran right after the batch that was running, before the flood's queue.
+  EXPECT_EQ(h.Batches(), (Batches{{1}, {50}, {2}, {3}, {4}, {5}, {6}}));
 }
 
 TEST(FairShare, CallersWithWorkQueuedTakeTurnsByTokens) {
@@ -767,20 +766,21 @@ TEST(FairShare, CallersWithWorkQueuedTakeTurnsByTokens) {
   auto b = SubmitAs(h, "b", {std::vector<int64_t>(20, 20), std::vector<int64_t>(20, 21)});  // one of b's to two of a's
   h.gate.Open();
   Get(*first), Get(*a), Get(*b);
-  // Turns end at a: 20, 30, 40, 50 and b: 30, 50 (b starts at the head, 10, where the running batch's turn
-  // ended): ties by arrival, so one of b's runs per two of a's.
-  EXPECT_EQ(h.Batches(), (Batches{{1}, {2}, {3}, {20}, {4}, {5}, {21}}));
+  // Turns end at a: 20, 30, 40, 50 and b: 20, 40 (b starts at the head, 0, where a's first began): ties
+  // by arrival, so one of b's runs per two of a's.
+  EXPECT_EQ(h.Batches(), (Batches{{1}, {2}, {20}, {3}, {4}, {21}, {5}}));
 }
 
 TEST(FairShare, ALongSequenceWaitsForItsTurnsWorthOfNewCallersNotForEver) {
-  // batcher.py's namesake says why: one 10-token newcomer per batch, each a new caller.
+  // test_caller_turns.py's namesake says why: one 10-token newcomer per batch, each a new caller, and the
+  // 100-token sequence runs after 44 of them.
   Harness h(/*max_batch_size=*/1);
   h.gated = true;
   auto running = SubmitAs(h, "r", {std::vector<int64_t>(10, 1)});
   ASSERT_TRUE(h.gate.WaitEntered(1));
   auto long_one = SubmitAs(h, "x", {std::vector<int64_t>(100, 2)});
   std::vector<std::unique_ptr<Submitted>> newcomers;
-  for (int k = 1; k <= 15; ++k) {
+  for (int k = 1; k <= 60; ++k) {
     newcomers.push_back(SubmitAs(h, "n" + std::to_string(k), {std::vector<int64_t>(10, 100 + k)}));
     h.gate.Release();
     ASSERT_TRUE(h.gate.WaitEntered(k + 1));  // the batch after the one released has started
@@ -789,9 +789,9 @@ TEST(FairShare, ALongSequenceWaitsForItsTurnsWorthOfNewCallersNotForEver) {
   Get(*running), Get(*long_one);
   for (auto& n : newcomers) Get(*n);
   Batches want{{1}};
-  for (int64_t k = 1; k <= 9; ++k) want.push_back({100 + k});
+  for (int64_t k = 1; k <= 44; ++k) want.push_back({100 + k});
   want.push_back({2});
-  for (int64_t k = 10; k <= 15; ++k) want.push_back({100 + k});
+  for (int64_t k = 45; k <= 60; ++k) want.push_back({100 + k});
   EXPECT_EQ(h.Batches(), want);
 }
 

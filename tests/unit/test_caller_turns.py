@@ -37,9 +37,8 @@ def test_a_new_caller_runs_next_whatever_a_flooding_caller_has_queued():
     h.gate.open()
     assert probe.get().scores == [50008]
     assert [s.get().scores[0] // 1000 for s in flood] == [1, 2, 3, 4, 5, 6]
-    # The probe's turn starts at the head, where the running batch's turn ended (8), and ends at 16 with
-    # the flood's next, which came first: it ran second, before the rest of the flood's queue.
-    assert h.batches == [[1], [2], [50], [3], [4], [5], [6]]
+    # The probe ran right after the batch that was running, before the flood's queue.
+    assert h.batches == [[1], [50], [2], [3], [4], [5], [6]]
     h.batcher.stop()
 
 
@@ -53,31 +52,34 @@ def test_callers_with_work_queued_take_turns_by_tokens():
     h.gate.open()
     for s in (first, a, b):
         s.get()
-    # Turns end at a: 20, 30, 40, 50 and b: 30, 50 (b starts at the head, 10, where the running batch's
-    # turn ended): ties by arrival, so one of b's runs per two of a's.
-    assert h.batches == [[1], [2], [3], [20], [4], [5], [21]]
+    # Turns end at a: 20, 30, 40, 50 and b: 20, 40 (b starts at the head, 0, where a's first began):
+    # ties by arrival, so one of b's runs per two of a's.
+    assert h.batches == [[1], [2], [20], [3], [4], [21], [5]]
     h.batcher.stop()
 
 
 def test_a_long_sequence_waits_for_its_turns_worth_of_new_callers_not_for_ever():
     # A client opening a connection per request is a new caller every time. A 100-token sequence queued,
-    # then one 10-token newcomer per batch: serving each newcomer's turn moves the head past it, so the
-    # long one runs once the newcomers' turns reach the end of its own (nine of them). With the head held
-    # at the long one's start (until the afternoon of 2026-12-06) every newcomer ranked before it for as long as they came.
+    # then one 10-token newcomer per batch, each arriving while the one before runs: each batch moves the
+    # head on by its 10 tokens over the callers sharing it (the long one's, and the newcomers' whose turns
+    # end past the head: GPS would still be serving them), so the long one runs once the newcomers' turns
+    # reach the end of its own, after 44 of them. That is a server kept full by newcomers; GPS would
+    # serve the long one beside them. With the head held at the long one's start (until the afternoon of
+    # 2026-12-06) every newcomer ranked before it for as long as they came.
     h = Harness(max_batch_size=1)
     h.gated = True
     running = submit_as(h, "r", [[1] * 10])
     assert h.gate.wait_entered(1)
     long = submit_as(h, "x", [[2] * 100])
     newcomers = []
-    for k in range(1, 16):
+    for k in range(1, 61):
         newcomers.append(submit_as(h, f"n{k}", [[100 + k] * 10]))
         h.gate.release()
         assert h.gate.wait_entered(k + 1)  # the batch after the one released has started
     h.gate.open()
     for s in (running, long, *newcomers):
         s.get()
-    assert h.batches == [[1], *([100 + k] for k in range(1, 10)), [2], *([100 + k] for k in range(10, 16))]
+    assert h.batches == [[1], *([100 + k] for k in range(1, 45)), [2], *([100 + k] for k in range(45, 61))]
     h.batcher.stop()
 
 

@@ -16,15 +16,27 @@ sequence's turn starts where its caller's previous one ended (the caller's own w
 tokens), or at the head when that is later, and ends its length later. The sequence ranks by where
 its turn ends (its virtual finish, as in weighted fair queueing; ties by arrival): a caller whose work
 has all been taken starts at the head, and its sequence runs before every sequence that ends later.
-The head is the virtual time of self-clocked fair queueing: where the turn of the latest batch's
-first sequence (its lowest rank) ended, or the lowest rank queued when that is lower. So serving a
-turn moves the head past it. Until the afternoon of 2026-12-06 the head was the latest start taken, or the earliest
-start queued: a long sequence held the head at its start, every new caller started there too (each
-connection a client opens per request is one), and shorter sequences ranked before it for as long
-as they came: shortest-first, and the long one waited until its deadline.
 Ranking by the start instead (start-time fair queueing, until 2026-12-06) put a 16-token probe behind
 every 512-token first item tied with it at the head: 80 connections each streaming one were seconds of
-work ahead of it (docs/bench/attacks_2026-12-06.md). The planner builds every batch around the lowest
+work ahead of it (docs/bench/attacks_2026-12-06.md).
+The head is the queue's virtual time, which follows fair queueing's (GPS): when a batch starts, the
+head is at least where the turn of its first sequence (its lowest rank) started; when the batch
+ends, the head moves on by the batch's real tokens over the callers sharing the model then (at least
+one token, at most to the end of that first turn), as GPS's virtual time moves by the work served
+over the callers it serves. The callers sharing are GPS's backlogged ones: those whose turns end
+past the head, whether or not their next request has come yet. So serving turns moves the head, and
+new callers pass a long sequence for a bounded time (a server kept full by one 10-token newcomer per
+batch ran a 100-token sequence after 44 of them: tests/unit/test_caller_turns.py).
+Until the afternoon of 2026-12-06 the head was the latest start taken, or the earliest start queued:
+a long sequence held it at its start, every new caller started there too (each connection a client
+opens per request is one), and shorter sequences ranked before the long one for as long as they
+came. Tried on the way, measured with 32 connections each keeping one 512-token request going and a
+probe every 0.25 s (tests/conformance/test_fair_share.py, 24 probes): the head at the end of the turn
+taken (self-clocked fair queueing) put a new caller behind every turn that ended with it (3 of 24
+answered on cpp-grpc); counting only the callers with work queued moved it past turns whose callers
+were between requests (8 to 18 of 24 answered); counting the callers when the batch started moved
+it past everyone who came while a first caller's batch ran alone (18 of 24 on py-grpc).
+The planner builds every batch around the lowest
 rank (planner.QueueIndex), so callers with work queued take turns, a token of work each, and a new
 caller's first sequence runs in the next batch or two whatever the others hold: a request larger
 than the work bound is fed to the model in its caller's turns, behind other callers' sequences.
@@ -119,6 +131,7 @@ class _Batch:
     padding_ratio: float
     real_tokens: int
     started_us: int = 0  # when it was counted running (_now_us)
+    first_end: int = 0  # where its first sequence's turn ends: the head moves no further when it ends
 
 
 def _now_us() -> int:
@@ -175,11 +188,10 @@ class Batcher:
         self._work = QueueWork(len(models), opts.max_queue_wait_us, opts.seed_us_per_token, opts.planner.max_batch_us)
         self._next_seq_id = 1
         # Fair order: where each caller's last turn ended (its next one starts there, or at the head
-        # when that is later), and where the turn of the latest batch's first sequence ended (the head
-        # of an empty queue).
+        # when that is later), and the queue's virtual time (the head of an empty queue).
         self._turn_end: dict[str, int] = {}
         self._sweep_at = 64  # the table's size past which it is swept
-        self._served_to = 0
+        self._virtual = 0
         self._in_flight = 0  # accepted, callback not yet run
         self._running = 0  # batches taken and not yet recorded: a lone one is chosen when this is 0
         # The lone batch running, if one is, and whether another batch started beside it; no lone batch
@@ -250,10 +262,9 @@ class Batcher:
             return self._work_refusal_locked(_now_us(), None if deadline_s is None else int(deadline_s * 1e6), caller)
 
     def _head_locked(self) -> int:
-        """Precondition: _mu held. The head of the turns: where the turn of the latest batch's first
-        sequence ended, or the lowest rank queued when that is lower (a planner that does not build
-        every batch around the lowest rank, or a batch whose first sequence was cancelled)."""
-        return min(self._index.first_rank(), self._served_to) if len(self._index) else self._served_to
+        """Precondition: _mu held. The head of the turns: the virtual time, or the lowest rank queued
+        when that is lower (a planner that does not build every batch around the lowest rank)."""
+        return min(self._index.first_rank(), self._virtual) if len(self._index) else self._virtual
 
     def _turn_start_locked(self, caller: str, head: int) -> int:
         """Precondition: _mu held. Where `caller`'s next turn starts: where its previous one ended, or
@@ -408,10 +419,12 @@ class Batcher:
 
     def _take_batch_locked(self, ids: list[int], now_us: int) -> _Batch:
         """Precondition: _mu held. Removes `ids` from the queue and packs them (under _mu, as the C++
-        batcher must: there the sequences are views into request messages). Their queue wait ends now,
-        and the head moves to the end of the first one's turn (its partners ride along: their callers'
-        turns already count them)."""
-        self._served_to = max(self._served_to, min(self._index.rank(seq_id) for seq_id in ids))
+        batcher must: there the sequences are views into request messages). Their queue wait ends now.
+        The virtual time moves to the start of the first one's turn now, and on when the batch ends
+        (`_advance_locked`)."""
+        first = min(ids, key=lambda seq_id: (self._index.rank(seq_id), seq_id))
+        first_end = self._index.rank(first)
+        self._virtual = max(self._virtual, first_end - self._index.get(first).length)
         seqs = [self._remove_locked(seq_id) for seq_id in ids]
         for q in seqs:
             self._metrics.queue_wait((now_us - q.arrival_us) / 1e6)
@@ -419,7 +432,7 @@ class Batcher:
         real = int(mask.sum())
         self._work.batch_started(real)  # work ahead of new arrivals until it ends (admission.py)
         self._queue_changed_locked()
-        return _Batch(seqs, input_ids, mask, 1.0 - real / mask.size, real)
+        return _Batch(seqs, input_ids, mask, 1.0 - real / mask.size, real, first_end=first_end)
 
     def _run(self, b: _Batch, model: BatchModel, lone: bool = False) -> None:
         """Runs one batch on `model` (without _mu), then records its scores or its failure."""
@@ -451,6 +464,7 @@ class Batcher:
             self._running -= 1
             self._lone_hold_locked(b, lone)
             self._work.batch_ended(b.real_tokens)
+            self._advance_locked(b)
             if error is None:
                 self._work.observe(ms * 1e3, b.real_tokens)
             self._queue_changed_locked()
@@ -466,6 +480,15 @@ class Batcher:
                 for q in b.seqs:
                     self._fail_locked(q.job, error, None, answers)
         self._answer(answers)
+
+    def _advance_locked(self, b: _Batch) -> None:
+        """Precondition: _mu held. The batch `b` ended: the virtual time moves on by its real tokens over
+        the callers sharing now (the module's "fair order"), at most to the end of its first turn.
+        Counted when it ends, not when it starts: callers that came while it ran shared its time (a
+        first caller's batch started alone, and moved the head past 31 callers that came meanwhile).
+        Counting walks the table of turns: tens of microseconds at 2,000 callers, once per batch."""
+        sharing = max(1, sum(r > self._virtual for r in self._turn_end.values()))
+        self._virtual = max(self._virtual, min(b.first_end, self._virtual + -(-b.real_tokens // sharing)))
 
     def _lone_hold_locked(self, b: _Batch, lone: bool) -> None:
         """Precondition: _mu held, `b` counted out of _running. A batch that ended showing more than one
