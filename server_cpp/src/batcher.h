@@ -20,11 +20,11 @@
 // every sequence that ends later. The head is the queue's virtual time, which
 // follows fair queueing's (GPS): at least the start of the running batch's
 // first turn, and moved on, when a batch ends, by its real tokens over the
-// callers sharing then (those whose turns end past the head: GPS's
-// backlogged ones; at least one, at most to the end of that first turn). So
-// serving turns moves the head, and new callers
-// pass a long sequence for a bounded time (until the afternoon of 2026-12-06 it held the head at
-// its start and they passed it for as long as they came: batcher.py says more). Ranking by the start
+// callers sharing then (those whose turns end past the head: GPS's backlogged
+// ones; at least one token, at most to the end of that first turn). So serving
+// turns moves the head, and new callers pass a long sequence for a bounded time
+// (until the afternoon of 2026-12-06 it held the head at its start and they
+// passed it for as long as they came: batcher.py says more). Ranking by the start
 // (start-time fair queueing, until 2026-12-06) put a 16-token probe behind every
 // 512-token first item tied with it at the head (batcher.py says more). The
 // planner builds every batch around the lowest rank
