@@ -83,9 +83,9 @@ grpc::Status Batcher::Submit(const std::shared_ptr<Job>& job) {
     turn_end_[job->caller_] = start;
     if (turn_end_.size() > sweep_at_) {
       // Callers whose turns end at or before the head start there anyway: forget them. Swept again only
-      // once the table has doubled: where the head does not move past the turns (a client opening a
-      // connection per request is a new caller every time, starting at the head), every entry survives,
-      // and sweeping at each submit walked the whole table under the lock.
+      // once the table has doubled: where many turns end past the head (a client opening a connection
+      // per request is a new caller every time, each a turn past it), most entries survive, and sweeping
+      // at each submit walked the whole table under the lock.
       for (auto it = turn_end_.begin(); it != turn_end_.end();) it = it->second <= head ? turn_end_.erase(it) : ++it;
       sweep_at_ = 64 + 2 * turn_end_.size();
     }

@@ -189,7 +189,8 @@ class Batcher {
   // on_idle runs).
   grpc::Status RefusalLocked(int64_t n) const;
   // Precondition: mu_ held. The head of the turns: the virtual time, or the lowest rank queued when that
-  // is lower (a planner that does not build every batch around the lowest rank).
+  // is lower (a sequence that came while a batch ran, at the head then, can rank before where that
+  // batch's first turn ended, to which the virtual time moves when it ends).
   int64_t HeadLocked() const;
   // Precondition: mu_ held. The batch `b` ended: the virtual time moves on by its real tokens over the
   // callers sharing now, at most to the end of its first turn (batcher.py's _advance_locked says why).

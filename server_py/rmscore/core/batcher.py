@@ -239,10 +239,10 @@ class Batcher:
             self._turn_end[job.caller] = start
             if len(self._turn_end) > self._sweep_at:
                 # Callers whose turns end at or before the head start there anyway: forget them. Swept
-                # again only once the table has doubled: where the head does not move past the turns
-                # (a client opening a connection per request is a new caller every time, starting at
-                # the head), every entry survives, and sweeping at each submit rebuilt the whole table
-                # under the lock (7% of py-http's event loop in a profile).
+                # again only once the table has doubled: where many turns end past the head (a client
+                # opening a connection per request is a new caller every time, each a turn past it),
+                # most entries survive, and sweeping at each submit rebuilt the whole table under the
+                # lock (7% of py-http's event loop in a profile, with the head of then, which stayed).
                 self._turn_end = {c: r for c, r in self._turn_end.items() if r > head}
                 self._sweep_at = 64 + 2 * len(self._turn_end)
             self._in_flight += 1
@@ -263,7 +263,8 @@ class Batcher:
 
     def _head_locked(self) -> int:
         """Precondition: _mu held. The head of the turns: the virtual time, or the lowest rank queued
-        when that is lower (a planner that does not build every batch around the lowest rank)."""
+        when that is lower (a sequence that came while a batch ran, at the head then, can rank before
+        where that batch's first turn ended, to which the virtual time moves when it ends)."""
         return min(self._index.first_rank(), self._virtual) if len(self._index) else self._virtual
 
     def _turn_start_locked(self, caller: str, head: int) -> int:
@@ -486,7 +487,7 @@ class Batcher:
         the callers sharing now (the module's "fair order"), at most to the end of its first turn.
         Counted when it ends, not when it starts: callers that came while it ran shared its time (a
         first caller's batch started alone, and moved the head past 31 callers that came meanwhile).
-        Counting walks the table of turns: tens of microseconds at 2,000 callers, once per batch."""
+        Counting walks the table of turns, once per batch: 79 us at 2,000 callers (timeit, Intel Xeon)."""
         sharing = max(1, sum(r > self._virtual for r in self._turn_end.values()))
         self._virtual = max(self._virtual, min(b.first_end, self._virtual + -(-b.real_tokens // sharing)))
 
