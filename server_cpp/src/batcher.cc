@@ -230,10 +230,19 @@ std::optional<Batcher::Batch> Batcher::NextBatchLocked(std::unique_lock<std::mut
         work_cv_.wait_for(lk, std::chrono::microseconds(*due - NowUs()));
       } else {
         idle_due_us_.reset();
+        std::optional<std::pair<CostTable, int64_t>> refined;
+        if (opts_.on_refined && opts_.cost && opts_.cost->observed() != refined_seen_) {
+          refined.emplace(opts_.cost->table(), opts_.cost->observed() - refined_seen_);
+          refined_seen_ = opts_.cost->observed();
+        }
         lk.unlock();  // never across a model run: on_idle may run one
         try {
-          opts_.on_idle();
+          if (opts_.on_idle) opts_.on_idle();
         } catch (const std::exception&) {  // memory kept is not a failed request
+        }
+        try {
+          if (refined) opts_.on_refined(refined->first, refined->second);
+        } catch (const std::exception&) {  // nor is a table not kept
         }
         lk.lock();
       }
@@ -323,7 +332,7 @@ void Batcher::Run(const Batch& b, const BatchModel& model, bool lone) {
     AdvanceLocked(b);
     if (error.ok()) work_.Observe(ms * 1e3, b.packed.real_tokens);
     QueueChangedLocked();
-    if (opts_.on_idle && queue_.empty() && running_ == 0) {
+    if ((opts_.on_idle || opts_.on_refined) && queue_.empty() && running_ == 0) {
       idle_due_us_ = NowUs() + opts_.idle_release_us;
       work_cv_.notify_one();  // a waiting batcher thread keeps the time
     }

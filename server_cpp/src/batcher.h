@@ -137,6 +137,11 @@ class Batcher {
     // throws is ignored: serving goes on with the memory kept. Python's Options.on_idle.
     std::function<void()> on_idle;
     int64_t idle_release_us = 1'000'000;
+    // Called (without mu_, on a batcher thread) at the same moment as on_idle, when batches refined the
+    // cost table since the last call: the table and how many batches refined it since. The server keeps
+    // it for its next start (cost_profile.h, the cache). What it throws is ignored. Python's
+    // Options.on_refined.
+    std::function<void(const CostTable&, int64_t)> on_refined;
   };
   // `models`: one per worker, each run by its own batcher thread. `abort` (optional) makes the model
   // runs in progress fail; Stop uses it. `lone` (optional): the model for a batch that starts while no
@@ -250,6 +255,7 @@ class Batcher {
   int64_t lone_hold_until_us_ = 0;
   bool accepting_ = true, stopping_ = false;
   std::optional<int64_t> idle_due_us_;  // when on_idle runs if nothing starts before (NowUs)
+  int64_t refined_seen_ = 0;            // batches on_refined was told of (the cost model's count)
 
   // The batcher threads, one per model worker: each plans, then runs, one batch at a time. Started by
   // the constructor; joined and cleared by the first Stop (only the owner's thread calls Stop).

@@ -140,18 +140,18 @@ Profile Load(const std::string& path, const ordered_json& identity, const std::s
   }
 }
 
-void Save(const std::string& path, const CostTable& table, const ordered_json& identity, double seconds) {
+namespace {
+
+std::string NowUtc() {
   char at[32];
   const std::time_t now = std::time(nullptr);
   std::tm utc{};
   gmtime_r(&now, &utc);
   std::strftime(at, sizeof at, "%Y-%m-%dT%H:%M:%SZ", &utc);
-  ordered_json doc;
-  doc["format"] = kFormat;
-  doc["identity"] = identity;
-  doc["measured_seconds"] = std::round(seconds * 1000) / 1000;
-  doc["measured_at"] = at;
-  doc["table"] = ordered_json(table.ToJson());
+  return at;
+}
+
+void Write(const std::string& path, const ordered_json& doc) {
   // Same directory, so the rename is atomic; the pid keeps two servers' writes apart.
   const std::string tmp = path + ".tmp" + std::to_string(getpid());
   {
@@ -164,6 +164,40 @@ void Save(const std::string& path, const CostTable& table, const ordered_json& i
     std::remove(tmp.c_str());
     throw std::runtime_error("--cost-profile " + path + ": cannot rename " + tmp + ": " + std::strerror(errno));
   }
+}
+
+}  // namespace
+
+void Save(const std::string& path, const CostTable& table, const ordered_json& identity, double seconds) {
+  ordered_json doc;
+  doc["format"] = kFormat;
+  doc["identity"] = identity;
+  doc["measured_seconds"] = std::round(seconds * 1000) / 1000;
+  doc["measured_at"] = NowUtc();
+  doc["table"] = ordered_json(table.ToJson());
+  Write(path, doc);
+}
+
+void SaveRefined(const std::string& path, const CostTable& table, const ordered_json& identity, int64_t batches) {
+  ordered_json old;
+  {
+    std::ifstream in(path);
+    if (in) old = ordered_json::parse(in, nullptr, /*allow_exceptions=*/false);
+  }
+  ordered_json doc;
+  doc["format"] = kFormat;
+  doc["identity"] = identity;
+  if (old.is_object() && old.value("format", ordered_json()) == kFormat && old.value("identity", ordered_json()) == identity) {
+    for (const char* key : {"measured_seconds", "measured_at"}) {
+      if (old.contains(key)) doc[key] = old[key];
+    }
+    const ordered_json prior = old.value("refined_batches", ordered_json());
+    if (prior.is_number_integer() && prior.get<int64_t>() >= 0) batches += prior.get<int64_t>();
+  }
+  doc["refined_batches"] = batches;
+  doc["refined_at"] = NowUtc();
+  doc["table"] = ordered_json(table.ToJson());
+  Write(path, doc);
 }
 
 namespace {

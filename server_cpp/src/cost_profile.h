@@ -59,6 +59,12 @@ std::optional<Profile> LoadCached(const std::string& path, const nlohmann::order
                                   const std::function<void(const std::string&)>& progress);
 // Writes the profile atomically (a crash leaves the old file or none, never half of one).
 void Save(const std::string& path, const CostTable& table, const nlohmann::ordered_json& identity, double seconds);
+// Writes the table as the batches served refined it (CostModel::Observe), so the next start plans with
+// what this machine showed under load, not only with its warm-up's few timings: the measurement's
+// fields are kept, "refined_batches" counts the batches that refined it since, over every start, and
+// "refined_at" says when. A file that is not this identity's profile is replaced. Python's save_refined.
+void SaveRefined(const std::string& path, const CostTable& table, const nlohmann::ordered_json& identity,
+                 int64_t batches);
 
 // Scores one batch of B sequences of L tokens; returns its seconds.
 using TimeBatch = std::function<double(int64_t b, int64_t n)>;

@@ -338,6 +338,9 @@ struct Loaded {
   Sessions sessions;                // none: a stop signal came first
   std::shared_ptr<CostModel> cost;  // nullptr: not planned with (see MakeCostModel)
   double seed_us_per_token = 0;     // admission's first rate (WorkSeed)
+  // Keeps the table the batches refined for the next start (the batcher's on_refined): set where the
+  // table is cached, never for the operator's --cost-profile file, which a restart loads as written.
+  std::function<void(const CostTable&, int64_t)> keep_refined;
 };
 
 // What liveness needs from Run: the stall clock (shared with the gauge) and the fault hook.
@@ -400,7 +403,17 @@ Loaded LoadModel(const Config& cfg, const Manifest& manifest, const sigset_t& si
   const double seed = WorkSeed(first, cfg, manifest, cost.get());
   // The self-check's padded batch and the cost profile's grew the arena past what serving starts with.
   for (const auto& w : sessions.owned) w->ReleaseMemory();
-  return {std::move(sessions), std::move(cost), seed};
+  std::function<void(const CostTable&, int64_t)> keep_refined;
+  if (const std::string path = ProfilePath(cfg, *identity); cost && cfg.cost_profile.empty() && !path.empty()) {
+    keep_refined = [path, id = *identity](const CostTable& table, int64_t batches) {
+      try {
+        cost_profile::SaveRefined(path, table, id, batches);
+      } catch (const std::exception& e) {  // a cache not written costs the next start this refinement only
+        Progress(std::string("cost profile: cannot keep the refined table at ") + path + ": " + e.what());
+      }
+    };
+  }
+  return {std::move(sessions), std::move(cost), seed, std::move(keep_refined)};
 }
 
 // Serves until SIGTERM/SIGINT, then drains: accepted work may run until the grace less the shutdown
@@ -421,6 +434,7 @@ void ServeAndDrain(const Config& cfg, const Manifest& manifest, const Loaded& lo
   bopts.on_idle = [&owned] {
     for (const auto& w : owned) w->ReleaseMemory();
   };
+  bopts.on_refined = loaded.keep_refined;
   HangHook* hang = live.hang;  // RMSCORE_FAULT_HANG_BATCH (tests only): a stuck device
   std::vector<BatchModel> models;
   for (ModelRunner* model : loaded.sessions.runs) {

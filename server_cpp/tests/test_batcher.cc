@@ -67,7 +67,8 @@ struct Harness {
   explicit Harness(int64_t max_batch_size, int64_t delay_us = 0, int64_t max_queue = 4096,
                    std::shared_ptr<CostModel> cost = nullptr, int workers = 1, int64_t max_wait_us = 0,
                    double seed = 0, bool lone = false, int64_t lone_hold_us = 1'000'000,
-                   std::function<void()> on_idle = nullptr, int64_t idle_release_us = 0) {
+                   std::function<void()> on_idle = nullptr, int64_t idle_release_us = 0,
+                   std::function<void(const CostTable&, int64_t)> on_refined = nullptr) {
     Batcher::Options o;
     o.planner = PlannerConfig{max_batch_size, 1 << 20, delay_us, cost ? BatchingMode::kCostAware : BatchingMode::kFifo};
     o.max_queue_sequences = max_queue;
@@ -78,6 +79,7 @@ struct Harness {
     o.lone_hold_us = lone_hold_us;
     o.on_idle = std::move(on_idle);
     o.idle_release_us = idle_release_us;
+    o.on_refined = std::move(on_refined);
     const std::vector<BatchModel> models(size_t(workers), [this](const PackedBatch& b) { return Model(b); });
     BatchModel lone_model;
     if (lone) {
@@ -732,6 +734,49 @@ TEST(Batcher, AFailingOnIdleLeavesServingAsItWas) {
   Harness h(/*max_batch_size=*/4, 0, 4096, nullptr, 1, 0, 0, false, 1'000'000,
             [] { throw std::runtime_error("no"); });
   EXPECT_EQ(Get(*Submit(*h.batcher, {std::vector<int64_t>(4, 1)})).scores, std::vector<float>{1004});
+  EXPECT_EQ(Get(*Submit(*h.batcher, {std::vector<int64_t>(4, 2)})).scores, std::vector<float>{2004});
+}
+
+TEST(Batcher, OnRefinedHandsOverTheRefinedTableOncePerQuietSpellAfterBatches) {
+  // The server keeps the table the batches refined for its next start (cost_profile.h): told at the quiet
+  // spell after a burst, with how many batches refined it; not again until more ran.
+  std::mutex mu;
+  std::vector<std::pair<CostTable, int64_t>> seen;
+  const CostTable table = CostTable::Make({1, 2}, {4, 8}, {{100, 200}, {150, 300}});
+  auto cost = std::make_shared<CostModel>(table);
+  Harness h(/*max_batch_size=*/1, 0, 4096, cost, 1, 0, 0, false, 1'000'000, nullptr, /*idle_release_us=*/300'000,
+            [&](const CostTable& t, int64_t n) {
+              std::lock_guard<std::mutex> lk(mu);
+              seen.emplace_back(t, n);
+            });
+  auto count = [&] {
+    std::lock_guard<std::mutex> lk(mu);
+    return seen.size();
+  };
+  auto wait_for = [&](size_t n) {
+    for (int i = 0; i < 500 && count() < n; ++i) std::this_thread::sleep_for(10ms);
+    return count();
+  };
+  for (int64_t i = 1; i <= 3; ++i) Get(*Submit(*h.batcher, {std::vector<int64_t>(4, i)}));
+  ASSERT_EQ(wait_for(1), 1u);
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    EXPECT_EQ(seen[0].second, 3);
+    EXPECT_NE(seen[0].first.cost_us, table.cost_us);
+  }
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(count(), 1u);
+  Get(*Submit(*h.batcher, {std::vector<int64_t>(4, 4)}));
+  ASSERT_EQ(wait_for(2), 2u);
+  std::lock_guard<std::mutex> lk(mu);
+  EXPECT_EQ(seen[1].second, 1);
+}
+
+TEST(Batcher, AFailingOnRefinedLeavesServingAsItWas) {
+  Harness h(/*max_batch_size=*/1, 0, 4096, std::make_shared<CostModel>(CostTable::Make({1}, {4}, {{100}})), 1, 0, 0,
+            false, 1'000'000, nullptr, 0, [](const CostTable&, int64_t) { throw std::runtime_error("read-only"); });
+  EXPECT_EQ(Get(*Submit(*h.batcher, {std::vector<int64_t>(4, 1)})).scores, std::vector<float>{1004});
+  std::this_thread::sleep_for(50ms);
   EXPECT_EQ(Get(*Submit(*h.batcher, {std::vector<int64_t>(4, 2)})).scores, std::vector<float>{2004});
 }
 

@@ -99,6 +99,34 @@ TEST(CostProfile, SavedLoadsBackForTheSameServer) {
   EXPECT_EQ(doc.at("measured_seconds"), 1.235);
 }
 
+TEST(CostProfile, ARefinedTableIsKeptWithItsMeasurementAndCounted) {
+  TempFile f;
+  const CostTable t = CostTable::Make({1, 4}, {16, 128}, {{100, 900}, {300, 3000}});
+  cost_profile::Save(f.path, t, Identity(), 1.5);
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    return nlohmann::json::parse(in);
+  };
+  const nlohmann::json measured = read(f.path);
+  CostModel model(t);
+  model.Observe(4, 128, 0.006);
+  cost_profile::SaveRefined(f.path, model.table(), Identity(), 3);
+  cost_profile::SaveRefined(f.path, model.table(), Identity(), 2);
+  nlohmann::json doc = read(f.path);
+  EXPECT_EQ(doc.at("measured_at"), measured.at("measured_at"));
+  EXPECT_EQ(doc.at("measured_seconds"), 1.5);
+  EXPECT_EQ(doc.at("refined_batches"), 5);
+  EXPECT_EQ(cost_profile::Load(f.path, Identity()).table.cost_us, model.table().cost_us);
+  EXPECT_NE(model.table().cost_us, t.cost_us);
+  // Another identity's file is replaced by this one's table (nothing of the other kept).
+  cost_profile::Save(f.path, t, Identity(4), 1.5);
+  cost_profile::SaveRefined(f.path, model.table(), Identity(), 4);
+  doc = read(f.path);
+  EXPECT_EQ(doc.at("refined_batches"), 4);
+  EXPECT_FALSE(doc.contains("measured_at"));
+  EXPECT_EQ(cost_profile::Load(f.path, Identity()).table.cost_us, model.table().cost_us);
+}
+
 TEST(CostProfile, AnotherServersProfileIsRefusedNamingWhatDiffers) {
   TempFile f;
   cost_profile::Save(f.path, CostTable::Make({1}, {16}, {{10}}), Identity(4), 1);

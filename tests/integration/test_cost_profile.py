@@ -4,6 +4,7 @@ another thread count or is corrupt. Small budgets keep it to seconds."""
 
 import json
 import subprocess
+import time
 
 import pytest
 
@@ -77,19 +78,35 @@ def test_the_default_caches_its_profile_and_measures_again_when_it_does_not_matc
     used, the log says why, and it is measured again and replaced."""
     from rmscore.core import cost_profile
 
-    def start() -> str:
+    def start(refine: bool = False) -> str:
         server = servers.start(kind, cost_profile_dir=tmp_path, cost_profile_seconds=1)
         try:
             assert len(Caller.to(server).score_ids([[101, 2000, 102]] * 2).scores) == 2
+            if refine:
+                # Requests of 4 callers at once: batches run on the workers' sessions, which refine the
+                # table (a lone batch on every thread does not), and the server keeps it once idle.
+                from concurrent.futures import ThreadPoolExecutor
+
+                def calls(_):
+                    caller = Caller.to(server)
+                    return [len(caller.score_ids([[101] + [2000 + i] * 30 + [102]] * 2).scores) for i in range(6)]
+                with ThreadPoolExecutor(4) as pool:
+                    assert all(n == 2 for got in pool.map(calls, range(4)) for n in got)
+                deadline, cached = time.monotonic() + 10, next(tmp_path.glob("*.json"))
+                while "refined_batches" not in cached.read_text():
+                    assert time.monotonic() < deadline, "the refined table was not kept within 10 s of the load"
+                    time.sleep(0.2)
             return server.log()
         finally:
             assert server.stop() == 0
 
-    log = start()
+    log = start(refine=True)
     [path] = tmp_path.glob("*.json")
     assert f"none cached at {path}: measuring" in log and f"cost profile saved to {path}" in log
     doc = json.loads(path.read_text())
     assert doc["identity"]["cpu"] == cost_profile.cpu_model() != "unknown"
+    # The batches served refined the table, kept for the next start with its measurement.
+    assert doc["refined_batches"] >= 1 and doc["measured_at"] and doc["refined_at"] >= doc["measured_at"]
 
     doc["identity"]["cpu"] = "Another CPU"
     path.write_text(json.dumps(doc))

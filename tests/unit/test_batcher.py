@@ -57,7 +57,8 @@ class Harness:
 
     def __init__(self, max_batch_size: int, delay_us: int = 0, max_queue: int = 4096, mode: str = FIFO,
                  cost: CostTable | None = None, workers: int = 1, max_wait_us: int = 0, seed: float = 0.0,
-                 lone: bool = False, lone_hold_us: int = 1_000_000, on_idle=None, idle_release_us: int = 0):
+                 lone: bool = False, lone_hold_us: int = 1_000_000, on_idle=None, idle_release_us: int = 0,
+                 on_refined=None):
         self.metrics = Metrics("test", "v0")
         self.gate = Gate()
         self.gated = False  # set before the first submit
@@ -67,7 +68,8 @@ class Harness:
         self.lone_batches: list[list[int]] = []  # those of them that ran on the lone model
         opts = Batcher.Options(PlannerConfig(max_batch_size, 1 << 20, delay_us, mode), max_queue, 0,
                                CostModel(cost) if cost is not None else None, max_wait_us, seed,
-                               lone_hold_us=lone_hold_us, on_idle=on_idle, idle_release_us=idle_release_us)
+                               lone_hold_us=lone_hold_us, on_idle=on_idle, idle_release_us=idle_release_us,
+                               on_refined=on_refined)
         self.batcher = Batcher(opts, [self.model] * workers, self.metrics, self.abort,
                                lone=self.lone_model if lone else None)
 
@@ -604,9 +606,37 @@ def test_a_failing_on_idle_leaves_serving_as_it_was():
     h.batcher.stop()
 
 
-def _first_call(seen: list[int]) -> list[int]:
-    """`seen` once on_idle has been called (waits up to 5 s)."""
+def test_on_refined_hands_over_the_refined_table_once_per_quiet_spell_after_batches():
+    # The server keeps the table the batches refined for its next start (core/cost_profile.py): told at
+    # the quiet spell after a burst, with how many batches refined it; not again until more ran.
+    seen: list[tuple] = []
+    cost = CostTable.make([1, 2], [4, 8], [[100, 200], [150, 300]])
+    h = Harness(max_batch_size=1, mode=COST_AWARE, cost=cost, on_refined=lambda t, n: seen.append((t, n)),
+                idle_release_us=300_000)
+    for i in (1, 2, 3):
+        submit(h.batcher, [[i] * 4]).get()
+    assert _first_call(seen) == [(h.batcher._opts.cost.table, 3)] and seen[0][0] != cost
+    time.sleep(0.1)
+    assert len(seen) == 1
+    submit(h.batcher, [[4] * 4]).get()
+    assert len(_first_call(seen, 2)) == 2 and seen[1][1] == 1
+    h.batcher.stop()
+
+
+def test_a_failing_on_refined_leaves_serving_as_it_was():
+    def fail(t, n):
+        raise OSError("read-only")
+
+    h = Harness(max_batch_size=1, mode=COST_AWARE, cost=CostTable.make([1], [4], [[100]]), on_refined=fail)
+    assert submit(h.batcher, [[1] * 4]).get().scores == [1004]
+    time.sleep(0.05)
+    assert submit(h.batcher, [[2] * 4]).get().scores == [2004]
+    h.batcher.stop()
+
+
+def _first_call(seen: list, n: int = 1) -> list:
+    """`seen` once it holds `n` calls (waits up to 5 s)."""
     deadline = time.monotonic() + 5
-    while not seen and time.monotonic() < deadline:
+    while len(seen) < n and time.monotonic() < deadline:
         time.sleep(0.01)
     return seen

@@ -54,6 +54,28 @@ def test_grid_reaches_the_limits():
     assert grid(12, 100) == ([1, 2, 4, 8, 12], [16, 32, 64, 100])
 
 
+def test_a_refined_table_is_kept_with_its_measurement_and_counted(tmp_path):
+    path = tmp_path / "p.json"
+    cost_profile.save(path, table(), IDENTITY, 1.5)
+    measured = json.loads(path.read_text())
+    model = CostModel(table())
+    model.observe(4, 128, 0.006)
+    cost_profile.save_refined(path, model.table, IDENTITY, 3)
+    cost_profile.save_refined(path, model.table, IDENTITY, 2)
+    doc = json.loads(path.read_text())
+    assert doc["measured_at"] == measured["measured_at"] and doc["measured_seconds"] == 1.5
+    assert doc["refined_batches"] == 5 and doc["refined_at"]
+    assert cost_profile.load(path, IDENTITY) == (model.table, 1) != (table(), 1)
+    # Another identity's file, or none, is replaced by this one's table (nothing of the other kept).
+    other = tmp_path / "o.json"
+    cost_profile.save(other, table(), dict(IDENTITY, cpu="AMD EPYC 7B13"), 1.5)
+    for path in (other, tmp_path / "absent.json"):
+        cost_profile.save_refined(path, model.table, IDENTITY, 4)
+        doc = json.loads(path.read_text())
+        assert doc["refined_batches"] == 4 and "measured_at" not in doc
+        assert cost_profile.load(path, IDENTITY) == (model.table, 1)
+
+
 def test_a_profile_round_trips(tmp_path):
     path = tmp_path / "p.json"
     cost_profile.save(path, table(), IDENTITY, 1.5)

@@ -59,7 +59,7 @@ from typing import Callable
 import numpy as np
 
 from rmscore.core.admission import QueueWork
-from rmscore.core.cost import CostModel
+from rmscore.core.cost import CostModel, CostTable
 from rmscore.core.errors import Code, ScoreError
 from rmscore.core.liveness import StallClock
 from rmscore.core.metrics import Metrics
@@ -165,6 +165,11 @@ class Batcher:
         # ignored: serving goes on with the memory kept. C++'s Options::on_idle.
         on_idle: Callable[[], None] | None = None
         idle_release_us: int = 1_000_000
+        # Called (without _mu, on a batcher thread) at the same moment as on_idle, when batches refined
+        # the cost table since the last call: the table and how many batches refined it since. The
+        # server keeps it for its next start (core/cost_profile.py, the cache). Its failure is ignored.
+        # C++'s Options::on_refined.
+        on_refined: Callable[[CostTable, int], None] | None = None
 
     def __init__(self, opts: Options, model: BatchModel | list[BatchModel], metrics: Metrics,
                  abort: Callable[[], None] | None = None, lone: BatchModel | None = None):
@@ -201,6 +206,7 @@ class Batcher:
         self._accepting = True
         self._stopping = False
         self._idle_due_us: int | None = None  # when on_idle runs if nothing starts before (_now_us)
+        self._refined_seen = 0 if opts.cost is None else opts.cost.observed  # batches on_refined was told of
         # The batcher threads, one per model worker: each plans, then runs, one batch at a time.
         self._threads = [threading.Thread(target=self._loop, args=(m,), name=f"rmscore-batcher-{i}", daemon=True)
                          for i, m in enumerate(models)]
@@ -379,6 +385,29 @@ class Batcher:
             # token lists: docs/hardening.md).
             batch = None
 
+    def _refined_locked(self) -> tuple[CostTable, int] | None:
+        """Precondition: _mu held. The cost table and the batches that refined it since on_refined was
+        last told, or None when none did (or nobody listens)."""
+        cost = self._opts.cost
+        if self._opts.on_refined is None or cost is None or cost.observed == self._refined_seen:
+            return None
+        batches, self._refined_seen = cost.observed - self._refined_seen, cost.observed
+        return cost.table, batches
+
+    def _idle(self, refined: tuple[CostTable, int] | None) -> None:
+        """Without _mu: the idle hooks. What they raise is ignored: memory or a table kept is not a
+        failed request."""
+        if self._opts.on_idle is not None:
+            try:
+                self._opts.on_idle()
+            except Exception:  # noqa: BLE001
+                pass
+        if refined is not None:
+            try:
+                self._opts.on_refined(*refined)
+            except Exception:  # noqa: BLE001
+                pass
+
     def _next_batch_locked(self, answers: list[Job]) -> _Batch | None:
         """Precondition: _mu held (released while on_idle runs). Waits until there is something to do: returns the next batch,
         taken off the queue and packed, or None with the jobs that expired meanwhile in `answers`,
@@ -392,11 +421,10 @@ class Batcher:
                     self._work_cv.wait((due - _now_us()) / 1e6)
                 else:
                     self._idle_due_us = None
+                    refined = self._refined_locked()
                     self._mu.release()  # never across a model run: on_idle may run one
                     try:
-                        self._opts.on_idle()
-                    except Exception:  # noqa: BLE001 - memory kept is not a failed request
-                        pass
+                        self._idle(refined)
                     finally:
                         self._mu.acquire()
                 continue
@@ -469,7 +497,7 @@ class Batcher:
             if error is None:
                 self._work.observe(ms * 1e3, b.real_tokens)
             self._queue_changed_locked()
-            if self._opts.on_idle is not None and not self._queue and self._running == 0:
+            if (self._opts.on_idle or self._opts.on_refined) is not None and not self._queue and self._running == 0:
                 self._idle_due_us = _now_us() + self._opts.idle_release_us
                 self._work_cv.notify()  # a waiting batcher thread keeps the time
             if self._opts.progress is not None:

@@ -123,7 +123,33 @@ def load(path: pathlib.Path, identity: dict, where: str | None = None) -> tuple[
 def save(path: pathlib.Path, table: CostTable, identity: dict, seconds: float) -> None:
     """Writes the profile atomically (a crash leaves the old file or none, never half of one)."""
     doc = {"format": FORMAT, "identity": identity, "measured_seconds": round(seconds, 3),
-           "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "table": table.to_json()}
+           "measured_at": _now(), "table": table.to_json()}
+    _write(path, doc)
+
+
+def save_refined(path: pathlib.Path, table: CostTable, identity: dict, batches: int) -> None:
+    """Writes the table as the batches served refined it (cost.CostModel.observe), so the next start
+    plans with what this machine showed under load, not only with its warm-up's few timings: the
+    measurement's fields are kept, `refined_batches` counts the batches that refined it since, over
+    every start, and `refined_at` says when. A file that is not this identity's profile is replaced."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        old = None
+    doc = {"format": FORMAT, "identity": identity}
+    if isinstance(old, dict) and old.get("format") == FORMAT and old.get("identity") == identity:
+        doc.update({k: old[k] for k in ("measured_seconds", "measured_at") if k in old})
+        prior = old.get("refined_batches")
+        batches += prior if isinstance(prior, int) and prior >= 0 else 0
+    doc.update(refined_batches=batches, refined_at=_now(), table=table.to_json())
+    _write(path, doc)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _write(path: pathlib.Path, doc: dict) -> None:
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     tmp.replace(path)

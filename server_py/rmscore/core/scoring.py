@@ -152,7 +152,8 @@ class ScoringCore:
             self.batcher = Batcher(Batcher.Options(self.cfg.planner, self.cfg.max_queue_sequences,
                                                    self.repo.pad_token_id, cost,
                                                    int(self.cfg.max_queue_wait_seconds * 1e6), seed,
-                                                   progress=self.stall, on_idle=self._release_memory),
+                                                   progress=self.stall, on_idle=self._release_memory,
+                                                   on_refined=self._keep_refined if self._refines_cache(cost) else None),
                                    [self._scorer(b) for b in self.workers.runs], self.metrics,
                                    lone=None if self.workers.lone is None else self._scorer(self.workers.lone))
             self._set_state(SERVING)
@@ -165,6 +166,19 @@ class ScoringCore:
             release = getattr(session, "release_memory", None)
             if release is not None:
                 release()
+
+    def _refines_cache(self, cost: CostModel | None) -> bool:
+        """The batches served refine the cached table for the next start; never the operator's
+        --cost-profile file, which a restart loads as it was written."""
+        return cost is not None and self.cost_profile_path is not None and self.cfg.cost_profile is None
+
+    def _keep_refined(self, table: CostTable, batches: int) -> None:
+        """The batcher went idle after batches refined the table (a batcher thread): keep it in the cache.
+        A cache that cannot be written costs the next start this refinement, nothing else."""
+        try:
+            cost_profile.save_refined(self.cost_profile_path, table, self.cost_identity, batches)
+        except OSError as e:
+            progress(f"cost profile: cannot keep the refined table at {self.cost_profile_path}: {e}")
 
     def _cost_model(self) -> CostModel | None:
         """The cost table: the profile loaded at start, or measured now (and saved with --cost-profile).
