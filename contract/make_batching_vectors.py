@@ -27,6 +27,9 @@ def table(fn):
 CPU_TABLE = table(lambda b, n: 300 + 12 * b * n * (4 + b) // 4)
 # GPU-like: a large fixed cost (launches, transfers) and cheap tokens: the biggest batch wins.
 GPU_TABLE = table(lambda b, n: 5000 + 2 * b * n)
+# Measured up to batch 2 and extrapolated linearly past it (as the warm-up extrapolates the sizes its
+# budget left): batch 2 is cheaper per sequence than 1, and every larger batch exactly as cheap as 2.
+FLAT_TABLE = table(lambda b, n: 15 * n + 60 if b == 1 else b * (10 * n + 40))
 # Measured-looking noise: not monotone until CostTable.make makes it so.
 NOISY_TABLE = {"batch_sizes": [1, 4, 16], "lengths": [16, 128],
                "cost_us": [[900, 2500], [800, 9000], [4000, 8000]]}
@@ -112,6 +115,10 @@ HAND = [
     case("cost, CPU-like: a long oldest runs alone, not padded with the short",
          cfg(COST_AWARE, size=8, cost=CPU_TABLE), 0,
          [(1, 0, 400, None), (2, 10, 20, None), (3, 20, 30, None)], batch=[1]),
+    # Equal throughput goes to the smaller batch: the same model time per sequence, answered sooner, and
+    # the other workers not left idle behind one long batch (a rollout's makespan: docs/batching.md).
+    case("cost: among equally cheap sizes the smaller wins, and runs at once",
+         cfg(COST_AWARE, size=64, tokens=65536, cost=FLAT_TABLE), 100, _same_length(6), batch=[1, 2]),
     # Deadlines cap a batch by the measured rate (1000 us per padded token here): a 4-token request
     # due in 2 s joins only as many 512-token sequences as end in time, and runs at once.
     case("deadline: the batch ends before its earliest deadline", cfg(size=16, tokens=8192, us_per_token=1000.0),

@@ -128,7 +128,7 @@ int64_t BestSize(int64_t length, const PlannerConfig& cfg, const CostTable& cost
   for (int64_t k = 2; k <= cfg.max_batch_size; ++k) {
     if (!Fits(k, length, cfg)) break;
     const int64_t us = cost.BatchUs(k, length);
-    if (k * best_us >= best_k * us) best_k = k, best_us = us;
+    if (k * best_us > best_k * us) best_k = k, best_us = us;
   }
   return best_k;
 }
@@ -137,8 +137,9 @@ int64_t BestSize(int64_t length, const PlannerConfig& cfg, const CostTable& cost
 // (planner.py's _cost_aware). For each size k, the cheapest batch of k holding the oldest is the
 // window of k in length order that ends as low as it can: the k - 1 sequences just shorter than the
 // oldest, or the k shortest when fewer are shorter. Among the sizes within the limits the best ratio
-// k / cost(k, longest) wins (ties: the larger batch, which clears more), compared by cross
-// multiplication in integers. "Full": the best size for this batch's length on this machine is
+// k / cost(k, longest) wins (ties: the smaller batch, which answers sooner and leaves no worker idle
+// behind it; the sizes the warm-up extrapolated tie with the largest it measured: planner.py), compared
+// by cross multiplication in integers. "Full": the best size for this batch's length on this machine is
 // reached already, so waiting cannot help (on a CPU often 1; on a GPU large).
 Chosen CostAware(const QueueIndex& index, const PlannerConfig& cfg, const CostTable& cost, const BatchClock& clock) {
   const std::vector<QueueIndex::Entry>& by_len = index.by_length();
@@ -162,7 +163,7 @@ Chosen CostAware(const QueueIndex& index, const PlannerConfig& cfg, const CostTa
       break;
     }
     const int64_t us = cost.BatchUs(k, longest);
-    if (k * best_us >= best_k * us) best_k = k, best_us = us, best_hi = hi;
+    if (k * best_us > best_k * us) best_k = k, best_us = us, best_hi = hi;
   }
   Chosen c{Window(index, best_hi + 1 - size_t(best_k), best_hi), false};
   c.full = !in_time || best_k >= BestSize(by_len[best_hi].length, cfg, cost);
