@@ -175,10 +175,31 @@ void Batcher::Stop() {
   }
   work_cv_.notify_all();  // every batcher thread must see stopping_
   Answer(answers);
-  if (threads_.empty()) return;  // stopped before
-  if (abort_) abort_();
-  for (std::thread& t : threads_) t.join();
-  threads_.clear();
+  if (!threads_.empty()) {  // else stopped before
+    if (abort_) abort_();
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+  }
+  // A server under load to the end is never idle for on_refined's second: keep the table the batches
+  // refined since the last idle spell now, or a restart would plan without it.
+  std::optional<std::pair<CostTable, int64_t>> refined;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    refined = RefinedLocked();
+  }
+  try {
+    if (refined) opts_.on_refined(refined->first, refined->second);
+  } catch (const std::exception&) {  // a table not kept is not a failed request
+  }
+}
+
+// Precondition: mu_ held. The cost table and the batches that refined it since on_refined was last
+// told, or nothing when none did (or nobody listens). Python's _refined_locked.
+std::optional<std::pair<CostTable, int64_t>> Batcher::RefinedLocked() {
+  if (!opts_.on_refined || !opts_.cost || opts_.cost->observed() == refined_seen_) return std::nullopt;
+  std::pair<CostTable, int64_t> out{opts_.cost->table(), opts_.cost->observed() - refined_seen_};
+  refined_seen_ = opts_.cost->observed();
+  return out;
 }
 
 // ---- the batcher threads -----------------------------------------------------------------------------
@@ -230,11 +251,7 @@ std::optional<Batcher::Batch> Batcher::NextBatchLocked(std::unique_lock<std::mut
         work_cv_.wait_for(lk, std::chrono::microseconds(*due - NowUs()));
       } else {
         idle_due_us_.reset();
-        std::optional<std::pair<CostTable, int64_t>> refined;
-        if (opts_.on_refined && opts_.cost && opts_.cost->observed() != refined_seen_) {
-          refined.emplace(opts_.cost->table(), opts_.cost->observed() - refined_seen_);
-          refined_seen_ = opts_.cost->observed();
-        }
+        const std::optional<std::pair<CostTable, int64_t>> refined = RefinedLocked();
         lk.unlock();  // never across a model run: on_idle may run one
         try {
           if (opts_.on_idle) opts_.on_idle();

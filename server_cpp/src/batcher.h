@@ -137,10 +137,10 @@ class Batcher {
     // throws is ignored: serving goes on with the memory kept. Python's Options.on_idle.
     std::function<void()> on_idle;
     int64_t idle_release_us = 1'000'000;
-    // Called (without mu_, on a batcher thread) at the same moment as on_idle, when batches refined the
-    // cost table since the last call: the table and how many batches refined it since. The server keeps
-    // it for its next start (cost_profile.h, the cache). What it throws is ignored. Python's
-    // Options.on_refined.
+    // Called (without mu_, on a batcher thread) at the same moment as on_idle, and once more by Stop
+    // (on its caller's thread), when batches refined the cost table since the last call: the table and
+    // how many batches refined it since. The server keeps it for its next start (cost_profile.h, the
+    // cache). What it throws is ignored. Python's Options.on_refined.
     std::function<void(const CostTable&, int64_t)> on_refined;
   };
   // `models`: one per worker, each run by its own batcher thread. `abort` (optional) makes the model
@@ -171,8 +171,8 @@ class Batcher {
   // or `deadline` passes. True when drained.
   bool Drain(Clock::time_point deadline);
   // Refuses new jobs, fails the queued ones UNAVAILABLE "not ready: draining",
-  // aborts the model runs in progress (their jobs fail the same way) and ends
-  // the batcher threads.
+  // aborts the model runs in progress (their jobs fail the same way), ends
+  // the batcher threads and hands on_refined what it was not told yet.
   void Stop();
 
  private:
@@ -211,6 +211,8 @@ class Batcher {
   grpc::Status WorkRefusalLocked(int64_t now_us, std::optional<int64_t> deadline_us, const std::string& caller,
                                  int64_t longest = 0, int64_t first = 0) const;
   std::optional<Batch> NextBatchLocked(std::unique_lock<std::mutex>& lk, Answers* answers);
+  // Precondition: mu_ held. What on_refined has not been told yet (the table, the batches since).
+  std::optional<std::pair<CostTable, int64_t>> RefinedLocked();
   Batch TakeBatchLocked(const std::vector<uint64_t>& ids, int64_t now_us);
   // Removes a sequence from the queue (false when it is not there).
   bool RemoveLocked(uint64_t id);

@@ -772,6 +772,22 @@ TEST(Batcher, OnRefinedHandsOverTheRefinedTableOncePerQuietSpellAfterBatches) {
   EXPECT_EQ(seen[1].second, 1);
 }
 
+TEST(Batcher, StopHandsOverWhatBatchesRefinedSinceTheLastQuietSpell) {
+  // A server loaded until it stops is never idle for a second: Stop keeps the refined table then.
+  std::vector<std::pair<CostTable, int64_t>> seen;  // Stop calls on_refined on this thread
+  auto cost = std::make_shared<CostModel>(CostTable::Make({1, 2}, {4, 8}, {{100, 200}, {150, 300}}));
+  Harness h(/*max_batch_size=*/1, 0, 4096, cost, 1, 0, 0, false, 1'000'000, nullptr,
+            /*idle_release_us=*/60'000'000, [&](const CostTable& t, int64_t n) { seen.emplace_back(t, n); });
+  for (int64_t i = 1; i <= 2; ++i) Get(*Submit(*h.batcher, {std::vector<int64_t>(4, i)}));
+  EXPECT_TRUE(seen.empty());
+  h.batcher->Stop();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].second, 2);
+  EXPECT_EQ(seen[0].first.cost_us, cost->table().cost_us);
+  h.batcher->Stop();  // a second Stop has nothing new to tell
+  EXPECT_EQ(seen.size(), 1u);
+}
+
 TEST(Batcher, AFailingOnRefinedLeavesServingAsItWas) {
   Harness h(/*max_batch_size=*/1, 0, 4096, std::make_shared<CostModel>(CostTable::Make({1}, {4}, {{100}})), 1, 0, 0,
             false, 1'000'000, nullptr, 0, [](const CostTable&, int64_t) { throw std::runtime_error("read-only"); });

@@ -118,3 +118,24 @@ def test_the_default_caches_its_profile_and_measures_again_when_it_does_not_matc
     # A corrupt cache file is replaced the same way (unit-tested in both languages: load_cached, LoadCached).
     log = start()
     assert f"cost profile loaded from {path}" in log and "shapes in" not in log
+
+
+@pytest.mark.parametrize("kind", [k for k in ("py-grpc-onnxruntime", "cpp-grpc") if k in servers.available_kinds()])
+def test_a_server_stopped_straight_after_load_keeps_its_refined_table(kind, tmp_path):
+    """A server loaded until it is stopped never has the idle second that writes the refined table back
+    (`rmscore bench` and a trainer's last rollout stop it so): the stop writes it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = servers.start(kind, cost_profile_dir=tmp_path, cost_profile_seconds=1)
+    try:
+        def calls(_):
+            caller = Caller.to(server)
+            return [len(caller.score_ids([[101] + [2000 + i] * 30 + [102]] * 2).scores) for i in range(6)]
+        with ThreadPoolExecutor(4) as pool:
+            assert all(n == 2 for got in pool.map(calls, range(4)) for n in got)
+        [path] = tmp_path.glob("*.json")
+        assert "refined_batches" not in path.read_text()  # no idle second yet
+    finally:
+        assert server.stop() == 0
+    doc = json.loads(path.read_text())
+    assert doc["refined_batches"] >= 1 and doc["refined_at"] >= doc["measured_at"], server.log()[-2000:]

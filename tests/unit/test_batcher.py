@@ -623,6 +623,20 @@ def test_on_refined_hands_over_the_refined_table_once_per_quiet_spell_after_batc
     h.batcher.stop()
 
 
+def test_stop_hands_over_what_batches_refined_since_the_last_quiet_spell():
+    # A server loaded until it stops is never idle for a second: stop keeps the refined table then.
+    seen: list[tuple] = []
+    h = Harness(max_batch_size=1, mode=COST_AWARE, cost=CostTable.make([1, 2], [4, 8], [[100, 200], [150, 300]]),
+                on_refined=lambda t, n: seen.append((t, n)), idle_release_us=60_000_000)
+    for i in (1, 2):
+        submit(h.batcher, [[i] * 4]).get()
+    assert seen == []
+    h.batcher.stop()
+    assert seen == [(h.batcher._opts.cost.table, 2)]
+    h.batcher.stop()  # a second stop has nothing new to tell
+    assert len(seen) == 1
+
+
 def test_a_failing_on_refined_leaves_serving_as_it_was():
     def fail(t, n):
         raise OSError("read-only")

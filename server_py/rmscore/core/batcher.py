@@ -165,8 +165,8 @@ class Batcher:
         # ignored: serving goes on with the memory kept. C++'s Options::on_idle.
         on_idle: Callable[[], None] | None = None
         idle_release_us: int = 1_000_000
-        # Called (without _mu, on a batcher thread) at the same moment as on_idle, when batches refined
-        # the cost table since the last call: the table and how many batches refined it since. The
+        # Called (without _mu, on a batcher thread) at the same moment as on_idle, and once more by stop
+        # (on its caller's thread), when batches refined the cost table since the last call: the table and how many batches refined it since. The
         # server keeps it for its next start (core/cost_profile.py, the cache). Its failure is ignored.
         # C++'s Options::on_refined.
         on_refined: Callable[[CostTable, int], None] | None = None
@@ -324,7 +324,7 @@ class Batcher:
 
     def stop(self, join_timeout_s: float = 30.0) -> None:
         """Refuse new jobs, fail the queued ones UNAVAILABLE, abort the model runs in progress (their
-        jobs fail UNAVAILABLE too) and end the batcher threads. Without `abort` (torch cannot interrupt a
+        jobs fail UNAVAILABLE too), end the batcher threads and hand on_refined what it was not told. Without `abort` (torch cannot interrupt a
         run) the running batch's jobs are answered when it ends, if the transport is still up."""
         answers: list[Job] = []
         with self._mu:
@@ -334,13 +334,21 @@ class Batcher:
                 self._fail_locked(next(iter(self._queue.values())).job, _draining(), None, answers)
             self._work_cv.notify_all()  # every batcher thread must see _stopping
         self._answer(answers)
-        if not self.running():
-            return  # stopped before
-        if self._abort:
-            self._abort()
-        until = time.monotonic() + join_timeout_s
-        for t in self._threads:
-            t.join(max(0.0, until - time.monotonic()))
+        if self.running():  # else stopped before
+            if self._abort:
+                self._abort()
+            until = time.monotonic() + join_timeout_s
+            for t in self._threads:
+                t.join(max(0.0, until - time.monotonic()))
+        # A server under load to the end is never idle for on_refined's second: keep the table the
+        # batches refined since the last idle spell now, or a restart would plan without it.
+        with self._mu:
+            refined = self._refined_locked()
+        if refined is not None:
+            try:
+                self._opts.on_refined(*refined)
+            except Exception:  # noqa: BLE001 - a table not kept is not a failed request
+                pass
 
     def running(self) -> bool:
         """A batcher thread is still alive (after stop: a batch is still in a model)."""
