@@ -33,6 +33,8 @@ Batcher::Batcher(const Options& opts, std::vector<BatchModel> models, Metrics* m
       abort_(std::move(abort)),
       metrics_(metrics),
       work_(int64_t(models_.size()), opts.max_queue_wait_us, opts.seed_us_per_token, opts.planner.max_batch_us) {
+  // Batches observed before this batcher (none today) are not its to report: Python starts alike.
+  if (opts_.cost) refined_seen_ = opts_.cost->observed();
   for (const BatchModel& model : models_) threads_.emplace_back([this, &model] { Loop(model); });
 }
 
@@ -187,10 +189,7 @@ void Batcher::Stop() {
     std::lock_guard<std::mutex> lk(mu_);
     refined = RefinedLocked();
   }
-  try {
-    if (refined) opts_.on_refined(refined->first, refined->second);
-  } catch (const std::exception&) {  // a table not kept is not a failed request
-  }
+  TellRefined(refined);
 }
 
 // Precondition: mu_ held. The cost table and the batches that refined it since on_refined was last
@@ -200,6 +199,13 @@ std::optional<std::pair<CostTable, int64_t>> Batcher::RefinedLocked() {
   std::pair<CostTable, int64_t> out{opts_.cost->table(), opts_.cost->observed() - refined_seen_};
   refined_seen_ = opts_.cost->observed();
   return out;
+}
+
+void Batcher::TellRefined(const std::optional<std::pair<CostTable, int64_t>>& refined) {
+  try {
+    if (refined) opts_.on_refined(refined->first, refined->second);
+  } catch (const std::exception&) {  // a table not kept is not a failed request
+  }
 }
 
 // ---- the batcher threads -----------------------------------------------------------------------------
@@ -257,10 +263,7 @@ std::optional<Batcher::Batch> Batcher::NextBatchLocked(std::unique_lock<std::mut
           if (opts_.on_idle) opts_.on_idle();
         } catch (const std::exception&) {  // memory kept is not a failed request
         }
-        try {
-          if (refined) opts_.on_refined(refined->first, refined->second);
-        } catch (const std::exception&) {  // nor is a table not kept
-        }
+        TellRefined(refined);
         lk.lock();
       }
       continue;

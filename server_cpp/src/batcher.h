@@ -213,6 +213,8 @@ class Batcher {
   std::optional<Batch> NextBatchLocked(std::unique_lock<std::mutex>& lk, Answers* answers);
   // Precondition: mu_ held. What on_refined has not been told yet (the table, the batches since).
   std::optional<std::pair<CostTable, int64_t>> RefinedLocked();
+  // Without mu_: on_refined with what RefinedLocked returned, if anything; what it throws is ignored.
+  void TellRefined(const std::optional<std::pair<CostTable, int64_t>>& refined);
   Batch TakeBatchLocked(const std::vector<uint64_t>& ids, int64_t now_us);
   // Removes a sequence from the queue (false when it is not there).
   bool RemoveLocked(uint64_t id);

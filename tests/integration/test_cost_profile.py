@@ -5,6 +5,7 @@ another thread count or is corrupt. Small budgets keep it to seconds."""
 import json
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -15,6 +16,16 @@ from rmscore_tools.caller import Caller
 # The C++ server's side (and profiles crossing languages) is test_cost_profile_cpp.py.
 KINDS = [k for k in ("py-grpc-onnxruntime",) if k in servers.available_kinds()]
 FLAGS = {"batching": "cost_aware", "cost_profile_seconds": 1}
+
+
+def load_from_four_callers(server) -> None:
+    """Requests of 4 callers at once: batches run on the workers' sessions, which refine the table (a
+    lone batch on every thread does not)."""
+    def calls(_):
+        caller = Caller.to(server)
+        return [len(caller.score_ids([[101] + [2000 + i] * 30 + [102]] * 2).scores) for i in range(6)]
+    with ThreadPoolExecutor(4) as pool:
+        assert all(n == 2 for got in pool.map(calls, range(4)) for n in got)
 
 
 def refused(kind, **flags) -> str:
@@ -83,15 +94,7 @@ def test_the_default_caches_its_profile_and_measures_again_when_it_does_not_matc
         try:
             assert len(Caller.to(server).score_ids([[101, 2000, 102]] * 2).scores) == 2
             if refine:
-                # Requests of 4 callers at once: batches run on the workers' sessions, which refine the
-                # table (a lone batch on every thread does not), and the server keeps it once idle.
-                from concurrent.futures import ThreadPoolExecutor
-
-                def calls(_):
-                    caller = Caller.to(server)
-                    return [len(caller.score_ids([[101] + [2000 + i] * 30 + [102]] * 2).scores) for i in range(6)]
-                with ThreadPoolExecutor(4) as pool:
-                    assert all(n == 2 for got in pool.map(calls, range(4)) for n in got)
+                load_from_four_callers(server)  # the server keeps the refined table once idle
                 deadline, cached = time.monotonic() + 10, next(tmp_path.glob("*.json"))
                 while "refined_batches" not in cached.read_text():
                     assert time.monotonic() < deadline, "the refined table was not kept within 10 s of the load"
@@ -124,15 +127,9 @@ def test_the_default_caches_its_profile_and_measures_again_when_it_does_not_matc
 def test_a_server_stopped_straight_after_load_keeps_its_refined_table(kind, tmp_path):
     """A server loaded until it is stopped never has the idle second that writes the refined table back
     (`rmscore bench` and a trainer's last rollout stop it so): the stop writes it."""
-    from concurrent.futures import ThreadPoolExecutor
-
     server = servers.start(kind, cost_profile_dir=tmp_path, cost_profile_seconds=1)
     try:
-        def calls(_):
-            caller = Caller.to(server)
-            return [len(caller.score_ids([[101] + [2000 + i] * 30 + [102]] * 2).scores) for i in range(6)]
-        with ThreadPoolExecutor(4) as pool:
-            assert all(n == 2 for got in pool.map(calls, range(4)) for n in got)
+        load_from_four_callers(server)
         [path] = tmp_path.glob("*.json")
         assert "refined_batches" not in path.read_text()  # no idle second yet
     finally:

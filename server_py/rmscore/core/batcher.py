@@ -166,9 +166,9 @@ class Batcher:
         on_idle: Callable[[], None] | None = None
         idle_release_us: int = 1_000_000
         # Called (without _mu, on a batcher thread) at the same moment as on_idle, and once more by stop
-        # (on its caller's thread), when batches refined the cost table since the last call: the table and how many batches refined it since. The
-        # server keeps it for its next start (core/cost_profile.py, the cache). Its failure is ignored.
-        # C++'s Options::on_refined.
+        # (on its caller's thread), when batches refined the cost table since the last call: the table
+        # and how many batches refined it since. The server keeps it for its next start
+        # (core/cost_profile.py, the cache). Its failure is ignored. C++'s Options::on_refined.
         on_refined: Callable[[CostTable, int], None] | None = None
 
     def __init__(self, opts: Options, model: BatchModel | list[BatchModel], metrics: Metrics,
@@ -324,8 +324,9 @@ class Batcher:
 
     def stop(self, join_timeout_s: float = 30.0) -> None:
         """Refuse new jobs, fail the queued ones UNAVAILABLE, abort the model runs in progress (their
-        jobs fail UNAVAILABLE too), end the batcher threads and hand on_refined what it was not told. Without `abort` (torch cannot interrupt a
-        run) the running batch's jobs are answered when it ends, if the transport is still up."""
+        jobs fail UNAVAILABLE too), end the batcher threads and hand on_refined what it was not told.
+        Without `abort` (torch cannot interrupt a run) the running batch's jobs are answered when it
+        ends, if the transport is still up."""
         answers: list[Job] = []
         with self._mu:
             self._accepting = False
@@ -344,11 +345,7 @@ class Batcher:
         # batches refined since the last idle spell now, or a restart would plan without it.
         with self._mu:
             refined = self._refined_locked()
-        if refined is not None:
-            try:
-                self._opts.on_refined(*refined)
-            except Exception:  # noqa: BLE001 - a table not kept is not a failed request
-                pass
+        self._tell_refined(refined)
 
     def running(self) -> bool:
         """A batcher thread is still alive (after stop: a batch is still in a model)."""
@@ -410,6 +407,11 @@ class Batcher:
                 self._opts.on_idle()
             except Exception:  # noqa: BLE001
                 pass
+        self._tell_refined(refined)
+
+    def _tell_refined(self, refined: tuple[CostTable, int] | None) -> None:
+        """Without _mu: on_refined with what _refined_locked returned, if anything; what it raises is
+        ignored (a table not kept is not a failed request)."""
         if refined is not None:
             try:
                 self._opts.on_refined(*refined)

@@ -173,8 +173,8 @@ class ScoringCore:
         return cost is not None and self.cost_profile_path is not None and self.cfg.cost_profile is None
 
     def _keep_refined(self, table: CostTable, batches: int) -> None:
-        """The batcher went idle after batches refined the table (a batcher thread): keep it in the cache.
-        A cache that cannot be written costs the next start this refinement, nothing else."""
+        """Batches refined the table and the batcher went idle (a batcher thread) or stopped: keep it in
+        the cache. A cache that cannot be written costs the next start this refinement, nothing else."""
         try:
             cost_profile.save_refined(self.cost_profile_path, table, self.cost_identity, batches)
         except OSError as e:
