@@ -87,3 +87,56 @@ def test_the_cpu_clock_counts_this_process_as_the_client_and_the_pid_as_the_serv
     assert fig["client_cpu_ms_per_seq"] == pytest.approx(30.0, abs=5.0)
     assert fig["server_cpu_ms_per_seq"] == pytest.approx(fig["client_cpu_ms_per_seq"], abs=3.0)  # 10 ms ticks
     assert 0 < fig["client_cpu_share"] <= 1.0
+
+
+def test_where_the_time_goes_splits_one_in_flight_between_the_caller_the_server_and_the_model():
+    # 40 seq/s at one in flight is 25 ms a request; the server answered in 20 of them, of which the model
+    # ran 19, against 16 ms a sequence for batch 1 in-process (62.5 seq/s): 5 ms outside the server, and
+    # runs 19 / 16 as long as back to back.
+    reps = [_rep(0, 62.5, 40.0), _rep(1, 62.5, 40.0)]
+    for r in reps:
+        for load in r["servers"]["py-grpc-onnxruntime cost_aware:1"]:
+            if load.startswith("c") or load == "rollout":
+                r["servers"]["py-grpc-onnxruntime cost_aware:1"][load].update(
+                    server_ms_per_request=20.0, model_ms_per_seq=19.0, mean_batch=1.0)
+    sm = scheduling.summarise(reps, ["py-grpc-onnxruntime", "py-http-onnxruntime"], ["cost_aware:1"])
+    c1 = sm["rows"]["py-grpc-onnxruntime cost_aware:1 c1"]
+    assert c1["outside_ms"]["mean"] == pytest.approx(5.0)
+    assert c1["model_over_batch1"]["mean"] == pytest.approx(19.0 / 16.0)
+    # With 64 in flight a closed loop's request takes 64 / throughput.
+    assert sm["rows"]["py-grpc-onnxruntime cost_aware:1 c64"]["outside_ms"]["mean"] == pytest.approx(64e3 / 40 - 20)
+    assert "outside_ms" not in sm["rows"]["py-grpc-onnxruntime cost_aware:1 rollout"]
+    # Runs recorded before the metrics were (the HTTP server's here) get no such figures, and no row.
+    assert "model_ms_per_seq" not in sm["rows"]["py-http-onnxruntime cost_aware:1 c1"]
+    text = scheduling.markdown({"summary": sm, "when": "now", "repeats": 2, "window_s": 5, "threads": 2, "reps": reps,
+                                "kinds": ["py-grpc-onnxruntime", "py-http-onnxruntime"]})
+    assert "| py-grpc-onnxruntime | cost_aware:1 | c1 | 20.0 ± 0 | 5.00 ± 0 | 19.0 ± 0 | 1.00 ± 0 | 1.19 ± 0 |" in text
+    assert "| py-http-onnxruntime | cost_aware:1 | c1 | " not in text.split("## Where the time goes")[1]
+
+
+def test_server_times_read_metrics_every_server_exports():
+    # The one definition of the metrics (every kind builds its own from it): a renamed metric would make
+    # every figure NaN, silently.
+    import json
+    import pathlib
+    import types
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    defined = {m["name"]: m["type"] for m in json.loads(
+        (root / "server_py/rmscore/core/metrics.json").read_text())["metrics"]}
+    for name in scheduling.ServerTimes.NAMES:
+        base = name.removesuffix("_sum").removesuffix("_count")
+        assert defined.get(base) == ("counter" if base == name else "histogram"), name
+    # Two scrapes, the second after 4 requests (2 batches of 2, 0.05 s each) answered in 0.1 s each.
+    scrapes = iter([
+        'rmscore_request_latency_seconds_sum{server="py-grpc"} 1.0\nrmscore_request_latency_seconds_count{server="py-grpc"} 10\n'
+        'rmscore_batch_inference_seconds_sum 0.5\nrmscore_sequences_scored_total 10\n'
+        'rmscore_batch_size_sum 10\nrmscore_batch_size_count 10\n',
+        'rmscore_request_latency_seconds_sum{server="py-grpc"} 1.4\nrmscore_request_latency_seconds_count{server="py-grpc"} 14\n'
+        'rmscore_batch_inference_seconds_sum 0.6\nrmscore_sequences_scored_total 14\n'
+        'rmscore_batch_size_sum 14\nrmscore_batch_size_count 12\n'])
+    times = scheduling.ServerTimes(types.SimpleNamespace(metrics_text=lambda: next(scrapes)))
+    fig = times.figures()
+    assert fig["server_ms_per_request"] == pytest.approx(100.0)
+    assert fig["model_ms_per_seq"] == pytest.approx(25.0)
+    assert fig["mean_batch"] == pytest.approx(2.0)

@@ -52,10 +52,15 @@ def tree_rss_mb(pid: int) -> float:
 
 def metric(server, name: str, **labels) -> float:
     """Sum of the samples of `name` whose labels include `labels` (Prometheus text format)."""
-    total = 0.0
+    return metrics(server, name, **labels)[name]
+
+
+def metrics(server, *names: str, **labels) -> dict[str, float]:
+    """`metric` for several names from one scrape, so they describe the same moment."""
+    total = dict.fromkeys(names, 0.0)
     want = [f'{k}="{v}"' for k, v in labels.items()]
     for line in server.metrics_text().splitlines():
-        m = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", line)
-        if m and all(w in (m.group(1) or "") for w in want):
-            total += float(m.group(2))
+        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$", line)
+        if m and m.group(1) in total and all(w in (m.group(2) or "") for w in want):
+            total[m.group(1)] += float(m.group(3))
     return total

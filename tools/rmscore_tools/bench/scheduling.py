@@ -39,7 +39,7 @@ import time
 from rmscore_tools import kinds as kinds_registry, launch
 from rmscore_tools import caller, loadgen
 from rmscore_tools.bench.presets import Settings
-from rmscore_tools.observe import cpu_s
+from rmscore_tools.observe import cpu_s, metrics
 from rmscore_tools.stats import mean_ci
 from rmscore_tools.workload import LengthMix
 
@@ -52,6 +52,7 @@ CONCURRENCY = (1, 8, 64)
 ROLLOUT = (64, 8)  # sequences per rollout, sequences per request
 CORES = os.cpu_count() or 1
 CPU_KEYS = ("client_cpu_ms_per_seq", "server_cpu_ms_per_seq", "client_cpu_share")
+TIME_KEYS = ("server_ms_per_request", "model_ms_per_seq", "mean_batch")
 GOALS = {"ratio": 0.9, "batch1_ratio": 0.95, "c8_over_c1": 0.95, "c64_over_c1": 1.0, "makespan_factor": 1.1,
          "p99_factor": 1.5, "http_excess_ms": 3.0}
 
@@ -98,6 +99,31 @@ class CpuClock:
                 "client_cpu_share": client / (wall * CORES)}
 
 
+class ServerTimes:
+    """Where a load's time went inside the server, from its own metrics (docs/contract.md): the mean time
+    from accepting a request to answering it, the model's wall time per sequence (a batch's run time over
+    its sequences: with W workers running at once the server's throughput is at most W / that), and the
+    mean batch. Against the client's time per request and the in-process plans, these split a
+    shortfall between the transport and client, the batcher, and the model running slower than alone."""
+
+    NAMES = ("rmscore_request_latency_seconds_sum", "rmscore_request_latency_seconds_count",
+             "rmscore_batch_inference_seconds_sum", "rmscore_sequences_scored_total", "rmscore_batch_size_sum",
+             "rmscore_batch_size_count")
+
+    def __init__(self, server):
+        self.server, self.before = server, metrics(server, *self.NAMES)
+
+    def figures(self) -> dict:
+        now = metrics(self.server, *self.NAMES)
+        d = {k: now[k] - self.before[k] for k in self.NAMES}
+        per = lambda a, b: a / b if b > 0 else float("nan")  # noqa: E731 - a load that ran nothing has no figure
+        return {"server_ms_per_request": 1e3 * per(d["rmscore_request_latency_seconds_sum"],
+                                                    d["rmscore_request_latency_seconds_count"]),
+                "model_ms_per_seq": 1e3 * per(d["rmscore_batch_inference_seconds_sum"],
+                                              d["rmscore_sequences_scored_total"]),
+                "mean_batch": per(d["rmscore_batch_size_sum"], d["rmscore_batch_size_count"])}
+
+
 async def measure_kind(server, s: Settings, wl: loadgen.Workload, rollouts: list) -> dict:
     """Every load on one fresh server: the closed loops, then the rollouts."""
     transport = kinds_registry.get(server.kind).transport
@@ -107,20 +133,20 @@ async def measure_kind(server, s: Settings, wl: loadgen.Workload, rollouts: list
         requests = wl.requests(s.seed)
         await loadgen.warmup(one, requests, 8, s.warmup_s)
         for c in CONCURRENCY:
-            clock = CpuClock(server)
+            clock, times = CpuClock(server), ServerTimes(server)
             r = await loadgen.closed_loop(one, requests, c, s.window_s, s.settle_s, drain_timeout_s=s.rpc_timeout_s,
                                           max_settle_s=s.rpc_timeout_s)
             # Every answer of the call (settle and drain included), as the CPU was counted over all of it.
             out[f"c{c}"] = {"throughput_seq_s": r["throughput_seq_s"], "latency_ms": r["latency_ms"],
-                            "errors": r["errors"], **clock.figures(r["answered_all"])}
+                            "errors": r["errors"], **clock.figures(r["answered_all"]), **times.figures()}
     finally:
         await one.close()
     chunked = caller.async_client(transport, caller.target_of(server), chunk_size=ROLLOUT[1], timeout_s=s.rpc_timeout_s)
     try:
-        clock = CpuClock(server)
+        clock, times = CpuClock(server), ServerTimes(server)
         r = await loadgen.rollouts(chunked, rollouts)
         out["rollout"] = {"throughput_seq_s": ROLLOUT[0] / r["makespan_s_mean"], "makespan_s": r["makespan_s_mean"],
-                          "errors": r["errors"], **clock.figures(ROLLOUT[0] * len(rollouts))}
+                          "errors": r["errors"], **clock.figures(ROLLOUT[0] * len(rollouts)), **times.figures()}
     finally:
         await chunked.close()
     return out
@@ -169,9 +195,16 @@ def summarise(reps: list[dict], kinds: list[str], configs: list[str]) -> dict:
                 row = {"kind": kind, "config": config, "load": load, "throughput": mean_ci(thr).as_dict(),
                        "ratio": mean_ci(ratio).as_dict(),
                        "errors": sum(r["servers"][key][load]["errors"] for r in per)}
-                for k in CPU_KEYS:  # absent from runs made before they were recorded
+                for k in CPU_KEYS + TIME_KEYS:  # absent from runs made before they were recorded
                     if all(k in r["servers"][key][load] for r in per):
                         row[k] = mean_ci([r["servers"][key][load][k] for r in per]).as_dict()
+                if load != "rollout" and all("server_ms_per_request" in r["servers"][key][load] for r in per):
+                    # What a caller waited per request beyond the server's accept-to-answer: the transport
+                    # and the client (with c in flight a closed loop's request takes c / throughput).
+                    c = int(load[1:])
+                    row["outside_ms"] = mean_ci([c * 1e3 / r["servers"][key][load]["throughput_seq_s"]
+                                                 - r["servers"][key][load]["server_ms_per_request"]
+                                                 for r in per if r["servers"][key][load]["throughput_seq_s"] > 0]).as_dict()
                 if load == f"c{max(CONCURRENCY)}":
                     p99 = [r["servers"][key][load]["latency_ms"]["p99"] for r in per]
                     # A repetition that scored nothing in the window has no bound (NaN, dropped by mean_ci).
@@ -181,6 +214,13 @@ def summarise(reps: list[dict], kinds: list[str], configs: list[str]) -> dict:
                     b1 = [r["servers"][key][load]["throughput_seq_s"] / b["throughput_seq_s"]["1"]
                           for r, b in zip(per, bar)]
                     row["batch1_ratio"] = mean_ci(b1).as_dict()
+                    if all("model_ms_per_seq" in r["servers"][key][load] for r in per):
+                        # The model's run in the server against the same runtime's batch 1 run back to back:
+                        # above 1, the runs themselves are slower there (one request at a time leaves the
+                        # runtime's threads idle between runs), not the transport or the batcher.
+                        row["model_over_batch1"] = mean_ci([r["servers"][key][load]["model_ms_per_seq"]
+                                                            * b["throughput_seq_s"]["1"] / 1e3
+                                                            for r, b in zip(per, bar)]).as_dict()
                 elif load.startswith("c"):
                     under = [r["servers"][key][load]["throughput_seq_s"] / r["servers"][key]["c1"]["throughput_seq_s"]
                              for r in per if r["servers"][key]["c1"]["throughput_seq_s"] > 0]
@@ -243,6 +283,21 @@ def markdown(rec: dict) -> str:
                f"({_f(row['client_cpu_share'], 2)})" if all(k in row for k in CPU_KEYS) else "")
         lines.append(f"| {row['kind']} | {row['config']} | {row['load']} | {_f(row['throughput'])} | "
                      f"{_f(row['ratio'])} | {goal} | {p99} | {cpu} | {row['errors']} |")
+    timed = [row for row in sm["rows"].values() if all(k in row for k in TIME_KEYS)]
+    if timed:
+        lines += ["", "## Where the time goes", "",
+                  "From each server's own metrics over the same loads: `server ms` is the mean time from "
+                  "accepting a request to answering it; `outside ms` what the caller waited beyond that per "
+                  "request (the transport and the client: c / throughput - server ms); `model ms/seq` a "
+                  "batch's run time over its sequences (W workers running at once give at most W / that); "
+                  "at c1, `model / batch 1` is that against the runtime's batch 1 run back to back in-process.",
+                  "", "| kind | config | load | server ms | outside ms | model ms/seq | mean batch | model / batch 1 |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for row in timed:
+            lines.append(f"| {row['kind']} | {row['config']} | {row['load']} | {_f(row['server_ms_per_request'])} | "
+                         f"{_f(row['outside_ms']) if 'outside_ms' in row else ''} | {_f(row['model_ms_per_seq'])} | "
+                         f"{_f(row['mean_batch'])} | "
+                         f"{_f(row['model_over_batch1']) if 'model_over_batch1' in row else ''} |")
     if sm["http_excess_ms"]:
         lines += ["", f"HTTP p50 minus gRPC p50 at concurrency 1, same runtime (goal <= {GOALS['http_excess_ms']} ms): "
                   + "; ".join(f"{c}: {_f(ci)} ms" for c, ci in sm["http_excess_ms"].items())]
