@@ -119,6 +119,14 @@ HAND = [
     # the other workers not left idle behind one long batch (a rollout's makespan: docs/batching.md).
     case("cost: among equally cheap sizes the smaller wins, and runs at once",
          cfg(COST_AWARE, size=64, tokens=65536, cost=FLAT_TABLE), 100, _same_length(6), batch=[1, 2]),
+    # A batch is worth what its sequences would cost in the best batches of their own lengths: padding a
+    # 20-token sequence to 100 costs 520 us more here, against the 240 us it costs among its own length,
+    # so the 100 runs alone (counting sequences, the pair won: 2 / 2080 > 1 / 1560). A partner of
+    # nearly its length still joins.
+    case("cost: padding is waste: a long oldest does not take a much shorter partner",
+         cfg(COST_AWARE, size=8, cost=FLAT_TABLE), 5000, [(1, 0, 100, None), (2, 10, 20, None)], batch=[1]),
+    case("cost: padding is waste: a partner of nearly its length joins",
+         cfg(COST_AWARE, size=8, cost=FLAT_TABLE), 5000, [(1, 0, 100, None), (2, 10, 90, None)], batch=[1, 2]),
     # Deadlines cap a batch by the measured rate (1000 us per padded token here): a 4-token request
     # due in 2 s joins only as many 512-token sequences as end in time, and runs at once.
     case("deadline: the batch ends before its earliest deadline", cfg(size=16, tokens=8192, us_per_token=1000.0),

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 namespace rmscore {
 namespace {
@@ -133,19 +135,43 @@ int64_t BestSize(int64_t length, const PlannerConfig& cfg, const CostTable& cost
   return best_k;
 }
 
-// The batch holding the oldest sequence that scores the most sequences per second of model time
+// What scoring one sequence of `length` is worth (planner.py's _worth): its share of the model time of
+// the best batch of its own length, that batch no larger than what is `queued`, in 1/kWorthScale us.
+// A batch's worth is its sequences' sum, so padding counts as the waste it is.
+constexpr int64_t kWorthScale = 1024;
+__extension__ typedef __int128 Wide;  // GCC's and Clang's; __extension__ keeps -Wpedantic quiet
+int64_t Worth(int64_t length, int64_t queued, const PlannerConfig& cfg, const CostTable& cost) {
+  const int64_t k = std::min(BestSize(length, cfg, cost), queued);
+  return cost.BatchUs(k, length) * kWorthScale / k;
+}
+
+// The batch holding the oldest sequence that does the most work per second of model time
 // (planner.py's _cost_aware). For each size k, the cheapest batch of k holding the oldest is the
 // window of k in length order that ends as low as it can: the k - 1 sequences just shorter than the
 // oldest, or the k shortest when fewer are shorter. Among the sizes within the limits the best ratio
-// k / cost(k, longest) wins (ties: the smaller batch, which answers sooner and leaves no worker idle
-// behind it; the sizes the warm-up extrapolated tie with the largest it measured: planner.py), compared
-// by cross multiplication in integers. "Full": the best size for this batch's length on this machine is
-// reached already, so waiting cannot help (on a CPU often 1; on a GPU large).
+// worth(window) / cost(k, longest) wins, a window's worth being what its sequences would cost in the
+// best batches of their own lengths (Worth; counting sequences instead, padded batches of 4 to 8 ran
+// at 64 in flight: planner.py). Ties: the smaller batch, which answers sooner and leaves no worker
+// idle behind it; the sizes the warm-up extrapolated tie with the largest it measured (planner.py).
+// Compared by cross multiplication in 128-bit integers (a worth times a cost passes 2^63). "Full":
+// the best size for this batch's length on this machine is reached already, so waiting cannot help
+// (on a CPU often 1; on a GPU large).
 Chosen CostAware(const QueueIndex& index, const PlannerConfig& cfg, const CostTable& cost, const BatchClock& clock) {
   const std::vector<QueueIndex::Entry>& by_len = index.by_length();
   const Waiting& oldest = index.Oldest();
   const size_t pos = index.Position(oldest);
+  const int64_t queued = int64_t(by_len.size());
+  // Worth by length, for this decision: BestSize reads every size, and a window repeats lengths.
+  std::vector<std::pair<int64_t, int64_t>> worth_of;
+  auto worth = [&](int64_t length) {
+    for (const auto& [l, w] : worth_of) {
+      if (l == length) return w;
+    }
+    worth_of.emplace_back(length, Worth(length, queued, cfg, cost));
+    return worth_of.back().second;
+  };
   int64_t best_k = 1, best_us = cost.BatchUs(1, oldest.length);
+  Wide best_value = worth(oldest.length), value = best_value;
   size_t best_hi = pos;
   bool in_time = true;
   // The window of k holds the window of k - 1 and one more (it grows down to 0, then up): its earliest
@@ -162,8 +188,9 @@ Chosen CostAware(const QueueIndex& index, const PlannerConfig& cfg, const CostTa
       in_time = false;
       break;
     }
+    value += worth(by_len[joined].length);
     const int64_t us = cost.BatchUs(k, longest);
-    if (k * best_us > best_k * us) best_k = k, best_us = us, best_hi = hi;
+    if (value * best_us > best_value * us) best_value = value, best_k = k, best_us = us, best_hi = hi;
   }
   Chosen c{Window(index, best_hi + 1 - size_t(best_k), best_hi), false};
   c.full = !in_time || best_k >= BestSize(by_len[best_hi].length, cfg, cost);

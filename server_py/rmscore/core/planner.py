@@ -321,12 +321,13 @@ def _length_aware(index: QueueIndex, cfg: PlannerConfig, clock: _Clock) -> tuple
 
 
 def _cost_aware(index: QueueIndex, cfg: PlannerConfig, cost: CostTable, clock: _Clock) -> tuple[list[Waiting], bool]:
-    """The batch holding the oldest sequence that scores the most sequences per second of model time.
+    """The batch holding the oldest sequence that does the most work per second of model time.
 
     For each size k, the cheapest batch of k that holds the oldest is the window of k in length
     order that ends as low as it can: the k - 1 sequences just shorter than the oldest, or the k
-    shortest when fewer are shorter. Among the sizes within the limits, the best ratio k / cost(k,
-    longest) wins. Ties go to the smaller batch: the same model time per sequence, answered sooner,
+    shortest when fewer are shorter. Among the sizes within the limits, the best ratio worth(window) /
+    cost(k, longest) wins, a window's worth being what its sequences would cost in the best batches of
+    their own lengths (_worth): padding counts as the waste it is. Ties go to the smaller batch: the same model time per sequence, answered sooner,
     and the other workers not left idle behind one long batch. The warm-up extrapolates the sizes its
     budget left linearly, so they tie with the largest size it measured; with ties to the larger
     batch cpp-grpc ran batches of 17 to 32 on one thread, and a rollout's makespan fell 1.37 -> 1.21 x
@@ -340,7 +341,9 @@ def _cost_aware(index: QueueIndex, cfg: PlannerConfig, cost: CostTable, clock: _
     by_len = index.by_length
     oldest = index.oldest()
     pos = index.position(oldest)
-    best_k, best_us, best_hi = 1, cost.batch_us(1, oldest.length), pos
+    queued = len(by_len)
+    best_value, best_us, best_k, best_hi = _worth(oldest.length, queued, cfg, cost), cost.batch_us(1, oldest.length), 1, pos
+    value = best_value
     in_time = True
     # The window of k holds the window of k - 1 and one more: it grows down to 0, then up. So its
     # earliest deadline is kept as it grows (O(1) a step), and only comes sooner with k: the first k
@@ -356,11 +359,35 @@ def _cost_aware(index: QueueIndex, cfg: PlannerConfig, cost: CostTable, clock: _
         if not clock.in_time(k, longest, earliest):
             in_time = False
             break
+        value += _worth(joined[0], queued, cfg, cost)
         us = cost.batch_us(k, longest)
-        if k * best_us > best_k * us:
-            best_k, best_us, best_hi = k, us, hi
+        if value * best_us > best_value * us:
+            best_value, best_us, best_k, best_hi = value, us, k, hi
     chosen = [index.get(e[2]) for e in by_len[best_hi - best_k + 1:best_hi + 1]]
     return chosen, not in_time or best_k >= _best_size(by_len[best_hi][0], cfg, cost)
+
+
+#: _worth's unit: 1/WORTH_SCALE of a microsecond, so a sequence's share of its best batch (a division)
+#: stays an integer the C++ planner computes alike.
+WORTH_SCALE = 1024
+
+
+def _worth(length: int, queued: int, cfg: PlannerConfig, cost: CostTable) -> int:
+    """What scoring one sequence of `length` is worth: its share of the model time of the best batch of
+    its own length (the least model time per sequence this machine has for it), that batch no larger
+    than what is `queued`, in 1/WORTH_SCALE us. A batch's worth is its sequences' sum, so a short
+    sequence padded into a long batch counts for what it would cost among its own length, not as a
+    whole sequence: counting sequences, a batch of 8 on a CPU looked as good as 8 batches of 1 whatever
+    its padding, and a server without a refined table ran batches of 4 to 8 with 11-16% padding at 64
+    in flight (docs/batching.md). Capped by the queue because a batch of its own length that the queue
+    cannot fill is no alternative: on a GPU, 3 sequences queued still run together. Memoized as
+    _best_size is."""
+    k = min(_best_size(length, cfg, cost), queued)
+    key = ("worth", length, k)
+    found = cost.memo.get(key)
+    if found is None:
+        found = cost.memo[key] = cost.batch_us(k, length) * WORTH_SCALE // k
+    return found
 
 
 def _best_size(length: int, cfg: PlannerConfig, cost: CostTable) -> int:
