@@ -26,7 +26,8 @@ struct Config {
   int port = 50051;
   int metrics_port = 9100;
   std::string port_file;  // empty: none
-  // cost_aware: the batch with the most sequences per second of measured model time (docs/batching.md);
+  // cost_aware: the batch doing the most work (its sequences at their own best batch's cost) per
+  // second of measured model time (docs/batching.md);
   // length_aware and fifo stay for ablations.
   BatchingMode batching = BatchingMode::kCostAware;
   int max_batch_size = 32;

@@ -104,7 +104,8 @@ class ServeConfig:
     port: int = 50051
     metrics_port: int = 9100
     port_file: pathlib.Path | None = None
-    #: cost_aware: the batch with the most sequences per second of measured model time (docs/batching.md);
+    #: cost_aware: the batch doing the most work (its sequences at their own best batch's cost) per
+    #: second of measured model time (docs/batching.md);
     #: length_aware and fifo stay for ablations.
     batching: str = "cost_aware"
     max_batch_size: int = 32
