@@ -329,10 +329,10 @@ def _cost_aware(index: QueueIndex, cfg: PlannerConfig, cost: CostTable, clock: _
     cost(k, longest) wins, a window's worth being what its sequences would cost in the best batches of
     their own lengths (_worth): padding counts as the waste it is. Ties go to the smaller batch: the
     same model time per sequence, answered sooner, and the other workers not left idle behind one
-    long batch. The warm-up extrapolates the sizes its
-    budget left linearly, so they tie with the largest size it measured; with ties to the larger
-    batch cpp-grpc ran batches of 17 to 32 on one thread, and a rollout's makespan fell 1.37 -> 1.21 x
-    the ideal when ties went the other way (docs/batching.md). Throughputs are compared by cross
+    long batch. The warm-up extrapolates the sizes its budget left linearly, so they tie with the
+    largest size it measured; with ties to the larger batch cpp-grpc ran batches of 17 to 32 on one
+    thread, and a rollout's makespan fell 1.37 -> 1.21 x the ideal when ties went the other way
+    (docs/batching.md). Throughputs are compared by cross
     multiplication, in integers, as the C++ planner does.
 
     "Full" means waiting cannot help: the best size for this batch's length on this machine,
@@ -343,9 +343,8 @@ def _cost_aware(index: QueueIndex, cfg: PlannerConfig, cost: CostTable, clock: _
     oldest = index.oldest()
     pos = index.position(oldest)
     queued = len(by_len)
-    best_value, best_us, best_k, best_hi = _worth(oldest.length, queued, cfg, cost), cost.batch_us(1, oldest.length), \
-        1, pos
-    value = best_value
+    best_value = value = _worth(oldest.length, queued, cfg, cost)
+    best_us, best_k, best_hi = cost.batch_us(1, oldest.length), 1, pos
     in_time = True
     # The window of k holds the window of k - 1 and one more: it grows down to 0, then up. So its
     # earliest deadline is kept as it grows (O(1) a step), and only comes sooner with k: the first k
@@ -380,10 +379,10 @@ def _worth(length: int, queued: int, cfg: PlannerConfig, cost: CostTable) -> int
     than what is `queued`, in 1/WORTH_SCALE us. A batch's worth is its sequences' sum, so a short
     sequence padded into a long batch counts for what it would cost among its own length, not as a
     whole sequence: counting sequences, a batch of 8 on a CPU looked as good as 8 batches of 1 whatever
-    its padding, and the Python core without a refined table ran batches of 4 to 8 with 7.5-16% padding
-    at 64 in flight (docs/batching.md). Capped by the queue because a batch of its own length that the queue
-    cannot fill is no alternative: on a GPU, 3 sequences queued still run together. Memoized as
-    _best_size is."""
+    its padding, and the Python core without a refined table ran batches of 4 to 8 with 7.5-16%
+    padding at 64 in flight (docs/batching.md). Capped by the queue because a batch of its own length
+    that the queue cannot fill is no alternative: on a GPU, 3 sequences queued still run together.
+    Memoized as _best_size is."""
     k = min(_best_size(length, cfg, cost), queued)
     key = ("worth", length, k)
     found = cost.memo.get(key)

@@ -198,13 +198,13 @@ def summarise(reps: list[dict], kinds: list[str], configs: list[str]) -> dict:
                 for k in CPU_KEYS + TIME_KEYS:  # absent from runs made before they were recorded
                     if all(k in r["servers"][key][load] for r in per):
                         row[k] = mean_ci([r["servers"][key][load][k] for r in per]).as_dict()
-                if load != "rollout" and all("server_ms_per_request" in r["servers"][key][load] for r in per):
+                got = [r["servers"][key][load] for r in per]
+                if load != "rollout" and all("server_ms_per_request" in g for g in got):
                     # What a caller waited per request beyond the server's accept-to-answer: the transport
                     # and the client (with c in flight a closed loop's request takes c / throughput).
                     c = int(load[1:])
-                    row["outside_ms"] = mean_ci([c * 1e3 / r["servers"][key][load]["throughput_seq_s"]
-                                                 - r["servers"][key][load]["server_ms_per_request"]
-                                                 for r in per if r["servers"][key][load]["throughput_seq_s"] > 0]).as_dict()
+                    row["outside_ms"] = mean_ci([c * 1e3 / g["throughput_seq_s"] - g["server_ms_per_request"]
+                                                 for g in got if g["throughput_seq_s"] > 0]).as_dict()
                 if load == f"c{max(CONCURRENCY)}":
                     p99 = [r["servers"][key][load]["latency_ms"]["p99"] for r in per]
                     # A repetition that scored nothing in the window has no bound (NaN, dropped by mean_ci).
@@ -214,13 +214,12 @@ def summarise(reps: list[dict], kinds: list[str], configs: list[str]) -> dict:
                     b1 = [r["servers"][key][load]["throughput_seq_s"] / b["throughput_seq_s"]["1"]
                           for r, b in zip(per, bar)]
                     row["batch1_ratio"] = mean_ci(b1).as_dict()
-                    if all("model_ms_per_seq" in r["servers"][key][load] for r in per):
+                    if all("model_ms_per_seq" in g for g in got):
                         # The model's run in the server against the same runtime's batch 1 run back to back:
                         # above 1, the runs themselves are slower there (one request at a time leaves the
                         # runtime's threads idle between runs), not the transport or the batcher.
-                        row["model_over_batch1"] = mean_ci([r["servers"][key][load]["model_ms_per_seq"]
-                                                            * b["throughput_seq_s"]["1"] / 1e3
-                                                            for r, b in zip(per, bar)]).as_dict()
+                        row["model_over_batch1"] = mean_ci([g["model_ms_per_seq"] * b["throughput_seq_s"]["1"] / 1e3
+                                                            for g, b in zip(got, bar)]).as_dict()
                 elif load.startswith("c"):
                     under = [r["servers"][key][load]["throughput_seq_s"] / r["servers"][key]["c1"]["throughput_seq_s"]
                              for r in per if r["servers"][key]["c1"]["throughput_seq_s"] > 0]
