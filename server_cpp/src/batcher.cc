@@ -320,6 +320,7 @@ Batcher::Batch Batcher::TakeBatchLocked(const std::vector<uint64_t>& ids, int64_
 // Runs one batch on `model` (without mu_), then records its scores or its failure.
 void Batcher::Run(const Batch& b, const BatchModel& model, bool lone) {
   const Clock::time_point start = Clock::now();
+  const double cpu_start = ThreadCpuSeconds();
   std::vector<float> scores;
   grpc::Status error;
   try {
@@ -333,6 +334,7 @@ void Batcher::Run(const Batch& b, const BatchModel& model, bool lone) {
     scores.clear();
   }
   const double ms = Ms(Clock::now() - start);
+  const double cost_s = opts_.refine_on_thread_cpu ? ThreadCpuSeconds() - cpu_start : ms / 1e3;
   // A failed run still took the model's time: the batch histograms count every run.
   metrics_->BatchRan(ms / 1e3, b.packed.batch, b.packed.padding_ratio());
   if (error.ok()) metrics_->SequencesScored(int64_t(scores.size()));
@@ -347,7 +349,7 @@ void Batcher::Run(const Batch& b, const BatchModel& model, bool lone) {
     LoneHoldLocked(b, lone);
     // The cost table describes the workers' sessions, where batches run under load, which is where the
     // planner's choices matter: a lone run, on every thread, would skew it.
-    if (opts_.cost && error.ok() && !lone) opts_.cost->Observe(int64_t(b.seqs.size()), b.packed.longest, ms / 1e3);
+    if (opts_.cost && error.ok() && !lone) opts_.cost->Observe(int64_t(b.seqs.size()), b.packed.longest, cost_s);
     work_.BatchEnded(b.packed.real_tokens);
     AdvanceLocked(b);
     if (error.ok()) work_.Observe(ms * 1e3, b.packed.real_tokens);

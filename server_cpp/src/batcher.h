@@ -41,6 +41,7 @@
 // sequences from the queue (Cancel on a gRPC thread, Stop on the main one).
 #pragma once
 
+#include <ctime>
 #include <grpcpp/support/status.h>
 
 #include <chrono>
@@ -65,6 +66,15 @@
 namespace rmscore {
 
 using Clock = std::chrono::steady_clock;
+
+// The CPU time the calling thread has used, in seconds (CLOCK_THREAD_CPUTIME_ID): what a run working on
+// its caller's thread alone cost, whatever other processes took of the core meanwhile (Python's
+// time.thread_time).
+inline double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) / 1e9;
+}
 
 // A request's answer: its scores, or the status it failed with.
 struct Result {
@@ -142,6 +152,13 @@ class Batcher {
     // how many batches refined it since. The server keeps it for its next start (cost_profile.h, the
     // cache). What it throws is ignored. Python's Options.on_refined.
     std::function<void(const CostTable&, int64_t)> on_refined;
+    // Refine the cost table with the CPU time the run took on its batcher thread, not the wall clock:
+    // right where a run works on its caller's thread alone (a 1-thread session on a CPU, the workers of
+    // --model-workers elastic), where the wall clock counts the time other processes took the core, and
+    // those inflated cells, never chosen again, were never corrected (docs/batching.md, "Refined
+    // online"). Admission's rate keeps the wall clock: waits are wall time. Python's
+    // Options.refine_on_thread_cpu.
+    bool refine_on_thread_cpu = false;
   };
   // `models`: one per worker, each run by its own batcher thread. `abort` (optional) makes the model
   // runs in progress fail; Stop uses it. `lone` (optional): the model for a batch that starts while no

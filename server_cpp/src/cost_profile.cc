@@ -89,7 +89,16 @@ std::optional<Profile> LoadCached(const std::string& path, const ordered_json& i
     return std::nullopt;
   }
   try {
-    return Load(path, identity, "cached cost profile " + path);
+    Profile profile = Load(path, identity, "cached cost profile " + path);
+    std::ifstream in(path, std::ios::binary);
+    const json doc = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    const json refined = doc.is_object() ? doc.value("refined_batches", json()) : json();
+    const json timing = doc.is_object() ? doc.value("timing", json()) : json();
+    if (refined.is_number() && refined != 0 && timing != kThreadCpu && timing != kWall) {
+      throw ProfileError("cached cost profile " + path + ": refined by the wall clock before profiles said " +
+                         "how they were timed, so other processes' load is in its cells");
+    }
+    return profile;
   } catch (const ProfileError& e) {
     progress(std::string("cost profile: not used: ") + e.what() + "; measuring again (the file will be replaced)");
     return std::nullopt;
@@ -168,17 +177,20 @@ void Write(const std::string& path, const ordered_json& doc) {
 
 }  // namespace
 
-void Save(const std::string& path, const CostTable& table, const ordered_json& identity, double seconds) {
+void Save(const std::string& path, const CostTable& table, const ordered_json& identity, double seconds,
+          const std::string& timing) {
   ordered_json doc;
   doc["format"] = kFormat;
   doc["identity"] = identity;
+  doc["timing"] = timing;
   doc["measured_seconds"] = std::round(seconds * 1000) / 1000;
   doc["measured_at"] = NowUtc();
   doc["table"] = ordered_json(table.ToJson());
   Write(path, doc);
 }
 
-void SaveRefined(const std::string& path, const CostTable& table, const ordered_json& identity, int64_t batches) {
+void SaveRefined(const std::string& path, const CostTable& table, const ordered_json& identity, int64_t batches,
+                 const std::string& timing) {
   ordered_json old;
   {
     std::ifstream in(path);
@@ -187,6 +199,7 @@ void SaveRefined(const std::string& path, const CostTable& table, const ordered_
   ordered_json doc;
   doc["format"] = kFormat;
   doc["identity"] = identity;
+  doc["timing"] = timing;
   if (old.is_object() && old.value("format", ordered_json()) == kFormat && old.value("identity", ordered_json()) == identity) {
     for (const char* key : {"measured_seconds", "measured_at"}) {
       if (old.contains(key)) doc[key] = old[key];

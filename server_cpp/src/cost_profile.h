@@ -24,6 +24,12 @@
 namespace rmscore::cost_profile {
 
 inline constexpr const char* kFormat = "rmscore-cost-profile/1";
+// How a profile's batches were timed (its "timing"): by the CPU time of the thread that ran them, where a
+// run works on its caller's thread alone (a 1-thread session on a CPU), else by the wall clock. A cached
+// file refined before profiles said so was refined by the wall clock, other processes' load in its
+// cells: LoadCached does not use it (server_py's cost_profile module docstring has the figures).
+inline constexpr const char* kThreadCpu = "thread-cpu";
+inline constexpr const char* kWall = "wall";
 // What a profile must match, in the order a mismatch is reported.
 const std::vector<std::string>& IdentityKeys();
 
@@ -58,13 +64,15 @@ std::string CachePath(const std::string& dir, const nlohmann::ordered_json& iden
 std::optional<Profile> LoadCached(const std::string& path, const nlohmann::ordered_json& identity,
                                   const std::function<void(const std::string&)>& progress);
 // Writes the profile atomically (a crash leaves the old file or none, never half of one).
-void Save(const std::string& path, const CostTable& table, const nlohmann::ordered_json& identity, double seconds);
+// `timing`: how its batches were timed (kThreadCpu or kWall).
+void Save(const std::string& path, const CostTable& table, const nlohmann::ordered_json& identity, double seconds,
+          const std::string& timing = kWall);
 // Writes the table as the batches served refined it (CostModel::Observe), so the next start plans with
 // what this machine showed under load, not only with its warm-up's few timings: the measurement's
 // fields are kept, "refined_batches" counts the batches that refined it since, over every start, and
 // "refined_at" says when. A file that is not this identity's profile is replaced. Python's save_refined.
 void SaveRefined(const std::string& path, const CostTable& table, const nlohmann::ordered_json& identity,
-                 int64_t batches);
+                 int64_t batches, const std::string& timing = kWall);
 
 // Scores one batch of B sequences of L tokens; returns its seconds.
 using TimeBatch = std::function<double(int64_t b, int64_t n)>;

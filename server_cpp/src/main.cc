@@ -128,14 +128,14 @@ std::optional<CostTable> LoadSavedProfile(const Config& cfg, nlohmann::ordered_j
 // Saves a measured table where ProfilePath says. A cache that cannot be written (a read-only home in a
 // container) costs the next start a measurement, not this one its start; --cost-profile must be written.
 void SaveProfile(const Config& cfg, const std::string& path, const CostTable& table,
-                 const nlohmann::ordered_json& identity, double seconds) {
+                 const nlohmann::ordered_json& identity, double seconds, const std::string& timing) {
   if (path.empty()) return;
   try {
     if (cfg.cost_profile.empty()) {
       std::error_code ec;
       std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
     }
-    cost_profile::Save(path, table, identity, seconds);
+    cost_profile::Save(path, table, identity, seconds, timing);
   } catch (const std::exception& e) {
     if (!cfg.cost_profile.empty()) throw;
     Progress("cost profile: cannot cache it at " + path + ": " + e.what() + "; serving without saving it");
@@ -159,8 +159,11 @@ PackedBatch RandomBatch(int64_t b, int64_t n, int64_t vocab_size, std::mt19937_6
 // The cost table: the profile loaded at start, or measured now within --cost-profile-seconds (and
 // saved with --cost-profile or in the cache, ProfilePath). nullptr when nothing plans with it and no profile was asked for:
 // measuring costs start-up time.
+// `on_thread_cpu`: the runs work on their caller's thread alone, so they are timed by its CPU time
+// (OnThreadCpu).
 std::shared_ptr<CostModel> MakeCostModel(const Config& cfg, const Manifest& m, ModelRunner& runner,
-                                         const nlohmann::ordered_json& identity, std::optional<CostTable> table) {
+                                         const nlohmann::ordered_json& identity, std::optional<CostTable> table,
+                                         bool on_thread_cpu) {
   if (cfg.batching != BatchingMode::kCostAware && cfg.cost_profile.empty()) return nullptr;
   if (!table) {
     const std::string path = ProfilePath(cfg, identity);
@@ -168,13 +171,14 @@ std::shared_ptr<CostModel> MakeCostModel(const Config& cfg, const Manifest& m, M
     auto run = [&](int64_t b, int64_t n) {
       const PackedBatch batch = RandomBatch(b, n, m.vocab_size, rng);
       const Clock::time_point t = Clock::now();
+      const double cpu = ThreadCpuSeconds();
       runner.Run(batch);
-      return SecondsSince(t);
+      return on_thread_cpu ? ThreadCpuSeconds() - cpu : SecondsSince(t);
     };
     const cost_profile::Measured got =
         cost_profile::Measure(run, cfg.max_batch_size, m.max_sequence_length, cfg.cost_profile_seconds, Progress);
     table = got.table;
-    SaveProfile(cfg, path, *table, identity, got.seconds);
+    SaveProfile(cfg, path, *table, identity, got.seconds, on_thread_cpu ? cost_profile::kThreadCpu : cost_profile::kWall);
   }
   std::cout << cost_profile::Describe(*table) << std::endl;
   return std::make_shared<CostModel>(*table);
@@ -341,6 +345,7 @@ struct Loaded {
   // Keeps the table the batches refined for the next start (the batcher's on_refined): set where the
   // table is cached, never for the operator's --cost-profile file, which a restart loads as written.
   std::function<void(const CostTable&, int64_t)> keep_refined;
+  bool on_thread_cpu = false;  // the batcher refines the table by its thread's CPU time (LoadModel)
 };
 
 // What liveness needs from Run: the stall clock (shared with the gauge) and the fault hook.
@@ -392,7 +397,10 @@ Loaded LoadModel(const Config& cfg, const Manifest& manifest, const sigset_t& si
   // The first run session: the cost table and the seed are measured on what runs under load.
   ModelRunner& first = *sessions.runs[0];
   if (StopPending(signals)) return {};
-  std::shared_ptr<CostModel> cost = MakeCostModel(cfg, manifest, first, *identity, std::move(profiled));
+  // Every run session works on its caller's thread alone (one intra-op thread on a CPU, as elastic's
+  // workers): the cost table is timed by that thread's CPU time (Batcher::Options::refine_on_thread_cpu).
+  const bool on_thread_cpu = cfg.device == Device::kCpu && cfg.intra_op_threads / int(sessions.runs.size()) == 1;
+  std::shared_ptr<CostModel> cost = MakeCostModel(cfg, manifest, first, *identity, std::move(profiled), on_thread_cpu);
   std::optional<LongestBatch> longest;
   if (cost) longest = LongestBatchOf(cost->table(), cfg.max_batch_size, cfg.max_batch_tokens, manifest.max_sequence_length);
   const auto [note, warning] = ThresholdNote(cfg.liveness_stall_seconds, longest);
@@ -405,15 +413,15 @@ Loaded LoadModel(const Config& cfg, const Manifest& manifest, const sigset_t& si
   for (const auto& w : sessions.owned) w->ReleaseMemory();
   std::function<void(const CostTable&, int64_t)> keep_refined;
   if (const std::string path = ProfilePath(cfg, *identity); cost && cfg.cost_profile.empty() && !path.empty()) {
-    keep_refined = [path, id = *identity](const CostTable& table, int64_t batches) {
+    keep_refined = [path, id = *identity, on_thread_cpu](const CostTable& table, int64_t batches) {
       try {
-        cost_profile::SaveRefined(path, table, id, batches);
+        cost_profile::SaveRefined(path, table, id, batches, on_thread_cpu ? cost_profile::kThreadCpu : cost_profile::kWall);
       } catch (const std::exception& e) {  // a cache not written costs the next start this refinement only
         Progress(std::string("cost profile: cannot keep the refined table at ") + path + ": " + e.what());
       }
     };
   }
-  return {std::move(sessions), std::move(cost), seed, std::move(keep_refined)};
+  return {std::move(sessions), std::move(cost), seed, std::move(keep_refined), on_thread_cpu};
 }
 
 // Serves until SIGTERM/SIGINT, then drains: accepted work may run until the grace less the shutdown
@@ -435,6 +443,7 @@ void ServeAndDrain(const Config& cfg, const Manifest& manifest, const Loaded& lo
     for (const auto& w : owned) w->ReleaseMemory();
   };
   bopts.on_refined = loaded.keep_refined;
+  bopts.refine_on_thread_cpu = loaded.on_thread_cpu;
   HangHook* hang = live.hang;  // RMSCORE_FAULT_HANG_BATCH (tests only): a stuck device
   std::vector<BatchModel> models;
   for (ModelRunner* model : loaded.sessions.runs) {

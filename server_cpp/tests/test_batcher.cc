@@ -57,6 +57,7 @@ struct Harness {
   Gate gate;
   bool gated = false;           // set before the first submit
   int64_t fail_on = -1;         // a batch holding a sequence with this first id fails "boom"
+  std::chrono::milliseconds sleep{0};  // each run sleeps this long: wall time without CPU, as a preempted run
   std::atomic<bool> aborted{false};
   std::mutex mu;
   std::vector<std::vector<int64_t>> batches;  // the first id of each sequence of each batch the model saw
@@ -68,7 +69,8 @@ struct Harness {
                    std::shared_ptr<CostModel> cost = nullptr, int workers = 1, int64_t max_wait_us = 0,
                    double seed = 0, bool lone = false, int64_t lone_hold_us = 1'000'000,
                    std::function<void()> on_idle = nullptr, int64_t idle_release_us = 0,
-                   std::function<void(const CostTable&, int64_t)> on_refined = nullptr) {
+                   std::function<void(const CostTable&, int64_t)> on_refined = nullptr,
+                   bool refine_on_thread_cpu = false) {
     Batcher::Options o;
     o.planner = PlannerConfig{max_batch_size, 1 << 20, delay_us, cost ? BatchingMode::kCostAware : BatchingMode::kFifo};
     o.max_queue_sequences = max_queue;
@@ -80,6 +82,7 @@ struct Harness {
     o.on_idle = std::move(on_idle);
     o.idle_release_us = idle_release_us;
     o.on_refined = std::move(on_refined);
+    o.refine_on_thread_cpu = refine_on_thread_cpu;
     const std::vector<BatchModel> models(size_t(workers), [this](const PackedBatch& b) { return Model(b); });
     BatchModel lone_model;
     if (lone) {
@@ -125,6 +128,7 @@ struct Harness {
     for (int64_t f : firsts) {
       if (f == fail_on) throw std::runtime_error("boom");
     }
+    std::this_thread::sleep_for(sleep);
     return scores;
   }
 
@@ -555,6 +559,29 @@ TEST(Batcher, CostAwareRefinesItsTableFromTheBatchesItRuns) {
   // failed run is no measurement.
   EXPECT_EQ(cost->observed(), 5);
   EXPECT_LT(cost->table().BatchUs(1, 16), before);
+}
+
+TEST(Batcher, TheTableIsRefinedByTheRunsThreadCpuWhereTold) {
+  // Each run sleeps 30 ms, as a run whose core other processes took: 30 ms of wall clock, next to no CPU.
+  // By the wall clock the cell rises toward 30 ms; by the thread's CPU time it falls (the table said 1 ms).
+  // tests/unit/test_batcher.py holds Python's batcher to the same.
+  for (bool on_thread_cpu : {false, true}) {
+    std::vector<std::vector<int64_t>> rows;
+    for (int64_t b : {1, 2, 4, 8}) rows.emplace_back(4, 1000 * b);
+    auto cost = std::make_shared<CostModel>(CostTable::Make({1, 2, 4, 8}, {16, 32, 64, 128}, rows));
+    Harness h(/*max_batch_size=*/8, /*delay_us=*/0, 4096, cost, 1, 0, 0, false, 1'000'000, nullptr, 0, nullptr,
+              on_thread_cpu);
+    h.sleep = std::chrono::milliseconds(30);
+    const int64_t before = cost->table().BatchUs(1, 16);
+    for (int64_t k = 1; k <= 3; ++k) EXPECT_EQ(Get(*Submit(*h.batcher, {Tokens(k, 16)})).scores, std::vector<float>{float(k * 1000 + 16)});
+    h.batcher->Stop();
+    EXPECT_EQ(cost->observed(), 3);
+    if (on_thread_cpu) {
+      EXPECT_LT(cost->table().BatchUs(1, 16), before);
+    } else {
+      EXPECT_GT(cost->table().BatchUs(1, 16), before + 5000);
+    }
+  }
 }
 
 TEST(Batcher, TwoModelWorkersRunTwoBatchesAtOnce) {

@@ -43,6 +43,10 @@ struct TempFile {
     rmdir(dir.c_str());
   }
   void Write(const std::string& text) const { std::ofstream(path) << text; }
+  std::string Read() const {
+    std::ifstream in(path);
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  }
 };
 
 TEST(CostTable, MakeIsNonDecreasingAndRefusesBadGrids) {
@@ -199,6 +203,34 @@ TEST(CostProfile, ACachedProfileThatDoesNotMatchIsMeasuredAgainSayingWhy) {
   EXPECT_NE(said.back().find("cannot read a cost profile"), std::string::npos);
   cost_profile::Save(f.path, CostTable::Make({1}, {16}, {{10}}), Identity(), 1);
   EXPECT_EQ(cost_profile::LoadCached(f.path, Identity(), progress)->table.cost_us[0][0], 10);
+}
+
+TEST(CostProfile, ACachedTableRefinedBeforeProfilesSaidTheirTimingIsMeasuredAgain) {
+  // Refined by the wall clock, other processes' load in its cells: not used. tests/unit/test_cost.py
+  // holds Python's cache to the same.
+  TempFile f;
+  std::vector<std::string> said;
+  auto progress = [&](const std::string& l) { said.push_back(l); };
+  const CostTable table = CostTable::Make({1}, {16}, {{10}});
+  for (const char* timing : {cost_profile::kThreadCpu, cost_profile::kWall}) {
+    cost_profile::SaveRefined(f.path, table, Identity(), 3, timing);
+    EXPECT_EQ(ordered_json::parse(f.Read()).at("timing"), timing);
+    EXPECT_TRUE(cost_profile::LoadCached(f.path, Identity(), progress));
+  }
+  ordered_json old = ordered_json::parse(f.Read());
+  old.erase("timing");
+  f.Write(old.dump());
+  EXPECT_FALSE(cost_profile::LoadCached(f.path, Identity(), progress));
+  EXPECT_EQ(said.back(), "cost profile: not used: cached cost profile " + f.path +
+                             ": refined by the wall clock before profiles said how they were timed, so other "
+                             "processes' load is in its cells; measuring again (the file will be replaced)");
+  EXPECT_EQ(cost_profile::Load(f.path, Identity()).table.cost_us[0][0], 10);  // the operator's file: as written
+  // Measured and never refined, it is used.
+  cost_profile::Save(f.path, table, Identity(), 1);
+  old = ordered_json::parse(f.Read());
+  old.erase("timing");
+  f.Write(old.dump());
+  EXPECT_TRUE(cost_profile::LoadCached(f.path, Identity(), progress));
 }
 
 TEST(CostProfile, MeasureWithinTheBudgetExtrapolatesTheRest) {

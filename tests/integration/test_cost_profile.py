@@ -110,6 +110,16 @@ def test_the_default_caches_its_profile_and_measures_again_when_it_does_not_matc
     assert doc["identity"]["cpu"] == cost_profile.cpu_model() != "unknown"
     # The batches served refined the table, kept for the next start with its measurement.
     assert doc["refined_batches"] >= 1 and doc["measured_at"] and doc["refined_at"] >= doc["measured_at"]
+    # Its runs work on their thread alone (elastic's 1-thread workers): timed by that thread's CPU time.
+    assert doc["timing"] == "thread-cpu"
+
+    # Refined before profiles said how they were timed: by the wall clock, other processes' load in it.
+    path.write_text(json.dumps({k: v for k, v in doc.items() if k != "timing"}))
+    log = start()
+    assert (f"not used: cached cost profile {path}: refined by the wall clock before profiles said how they "
+            f"were timed") in log and "shapes in" in log and f"cost profile saved to {path}" in log
+    doc = json.loads(path.read_text())
+    assert doc["timing"] == "thread-cpu"
 
     doc["identity"]["cpu"] = "Another CPU"
     path.write_text(json.dumps(doc))

@@ -58,18 +58,19 @@ class Harness:
     def __init__(self, max_batch_size: int, delay_us: int = 0, max_queue: int = 4096, mode: str = FIFO,
                  cost: CostTable | None = None, workers: int = 1, max_wait_us: int = 0, seed: float = 0.0,
                  lone: bool = False, lone_hold_us: int = 1_000_000, on_idle=None, idle_release_us: int = 0,
-                 on_refined=None):
+                 on_refined=None, refine_on_thread_cpu: bool = False):
         self.metrics = Metrics("test", "v0")
         self.gate = Gate()
         self.gated = False  # set before the first submit
         self.fail_on = None  # a batch holding a sequence with this first id fails "boom"
         self.aborted = False
+        self.sleep_s = 0.0  # each run sleeps this long: wall time without CPU, as a preempted run
         self.batches: list[list[int]] = []  # the first id of each sequence of each batch the model saw
         self.lone_batches: list[list[int]] = []  # those of them that ran on the lone model
         opts = Batcher.Options(PlannerConfig(max_batch_size, 1 << 20, delay_us, mode), max_queue, 0,
                                CostModel(cost) if cost is not None else None, max_wait_us, seed,
                                lone_hold_us=lone_hold_us, on_idle=on_idle, idle_release_us=idle_release_us,
-                               on_refined=on_refined)
+                               on_refined=on_refined, refine_on_thread_cpu=refine_on_thread_cpu)
         self.batcher = Batcher(opts, [self.model] * workers, self.metrics, self.abort,
                                lone=self.lone_model if lone else None)
 
@@ -90,6 +91,7 @@ class Harness:
             raise RuntimeError("terminated")
         if self.fail_on in firsts:
             raise RuntimeError("boom")
+        time.sleep(self.sleep_s)
         return (ids[:, 0] * 1000 + mask.sum(1)).astype(np.float32)
 
     def read(self, name: str, label: str | None = None) -> float:
@@ -465,6 +467,23 @@ def test_cost_aware_refines_its_table_from_the_batches_it_runs():
     assert h.batcher._opts.cost.observed == 5
     assert h.batcher._opts.cost.table.batch_us(1, 16) < before
     h.batcher.stop()
+
+
+@pytest.mark.parametrize("on_thread_cpu", [False, True])
+def test_the_table_is_refined_by_the_runs_thread_cpu_where_told(on_thread_cpu):
+    # Each run sleeps 30 ms, as a run whose core other processes took: 30 ms of wall clock, next to no
+    # CPU. By the wall clock the cell rises toward 30 ms; by the thread's CPU time it falls (the table
+    # said 1 ms).
+    table = CostTable.make(_SIZES, _LENGTHS, [[1000 * b for _ in _LENGTHS] for b in _SIZES])
+    h = Harness(max_batch_size=8, mode=COST_AWARE, cost=table, refine_on_thread_cpu=on_thread_cpu)
+    h.sleep_s = 0.03
+    before = h.batcher._opts.cost.table.batch_us(1, 16)
+    for k in range(1, 4):
+        assert submit(h.batcher, [[k] * 16]).get().scores == [k * 1000 + 16]
+    h.batcher.stop()
+    after = h.batcher._opts.cost.table.batch_us(1, 16)
+    assert h.batcher._opts.cost.observed == 3
+    assert (after < before) if on_thread_cpu else (after > before + 5_000)
 
 
 def test_two_model_workers_run_two_batches_at_once():

@@ -168,6 +168,33 @@ def test_a_cached_profile_that_does_not_match_is_measured_again_saying_why(tmp_p
     assert cost_profile.load_cached(path, IDENTITY, said.append) == (table(), 1)
 
 
+@pytest.mark.parametrize("timing", [cost_profile.THREAD_CPU, cost_profile.WALL])
+def test_a_cached_table_refined_before_profiles_said_their_timing_is_measured_again(tmp_path, timing):
+    # Refined by the wall clock, other processes' load in its cells (cost_profile's docstring): not used.
+    said = []
+    path = tmp_path / "p.json"
+    model = CostModel(table())
+    model.observe(4, 128, 0.006)
+    cost_profile.save_refined(path, model.table, IDENTITY, 3, timing)
+    assert json.loads(path.read_text())["timing"] == timing
+    assert cost_profile.load_cached(path, IDENTITY, said.append) == (model.table, 1)
+    old = json.loads(path.read_text())
+    del old["timing"]
+    path.write_text(json.dumps(old))
+    assert cost_profile.load_cached(path, IDENTITY, said.append) is None
+    assert said[-1] == (f"cost profile: not used: cached cost profile {path}: refined by the wall clock before "
+                        "profiles said how they were timed, so other processes' load is in its cells; measuring "
+                        "again (the file will be replaced)")
+    # Measured and never refined, it is used (its warm-up timed by either clock is alike on an idle core),
+    # and so is the operator's file, which a restart loads as written.
+    assert cost_profile.load(path, IDENTITY) == (model.table, 1)
+    cost_profile.save(path, table(), IDENTITY, 1.5, timing)
+    old = json.loads(path.read_text())
+    del old["timing"]
+    path.write_text(json.dumps(old))
+    assert cost_profile.load_cached(path, IDENTITY, said.append) == (table(), 1)
+
+
 def _rule(xs, x, f):
     """The documented interpolation, as plainly as it can be written: linear between grid points, the
     first point's value below them, proportional past the last."""

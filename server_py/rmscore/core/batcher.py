@@ -170,6 +170,14 @@ class Batcher:
         # and how many batches refined it since. The server keeps it for its next start
         # (core/cost_profile.py, the cache). Its failure is ignored. C++'s Options::on_refined.
         on_refined: Callable[[CostTable, int], None] | None = None
+        # Refine the cost table with the CPU time the run took on its batcher thread, not the wall
+        # clock: right where a run works on its caller's thread alone (a 1-thread session on a CPU, the
+        # workers of --model-workers elastic), where the wall clock counts the time other processes
+        # took the core (a 1-thread run of 128 tokens: 28 ms alone, 62 ms wall and 30 ms of its
+        # thread's CPU beside three busy processes), and those inflated cells, never chosen again, were
+        # never corrected (docs/batching.md, "Refined online"). Admission's rate keeps the wall clock:
+        # waits are wall time. C++'s Options::refine_on_thread_cpu.
+        refine_on_thread_cpu: bool = False
 
     def __init__(self, opts: Options, model: BatchModel | list[BatchModel], metrics: Metrics,
                  abort: Callable[[], None] | None = None, lone: BatchModel | None = None):
@@ -475,7 +483,7 @@ class Batcher:
 
     def _run(self, b: _Batch, model: BatchModel, lone: bool = False) -> None:
         """Runs one batch on `model` (without _mu), then records its scores or its failure."""
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         scores: np.ndarray | None = None
         error: ScoreError | None = None
         try:
@@ -486,6 +494,7 @@ class Batcher:
             error = ScoreError(Code.INTERNAL, f"batch failed: {e}")
             scores = None
         ms = (time.perf_counter() - t0) * 1e3
+        cost_s = time.thread_time() - cpu0 if self._opts.refine_on_thread_cpu else ms / 1e3
         # A failed run still took the model's time: the batch histograms count every run.
         self._metrics.batch_ran(ms / 1e3, len(b.seqs), b.padding_ratio)
         if error is None:
@@ -499,7 +508,7 @@ class Batcher:
             # The cost table describes the workers' sessions, where batches run under load, which is
             # where the planner's choices matter: a lone run, on every thread, would skew it.
             if self._opts.cost is not None and error is None and not lone:
-                self._opts.cost.observe(len(b.seqs), b.input_ids.shape[1], ms / 1e3)
+                self._opts.cost.observe(len(b.seqs), b.input_ids.shape[1], cost_s)
             self._running -= 1
             self._lone_hold_locked(b, lone)
             self._work.batch_ended(b.real_tokens)

@@ -14,6 +14,13 @@ batch size limit, so `cost_aware`, the default, measures once per machine and no
 The cache is lenient where `--cost-profile` is strict: a cached file measured for anything else (the
 model's version, another CPU) or corrupt is not used; the server says why, measures again and
 replaces it. The C++ server reads and writes the same format and the same cache (server_cpp/src/cost_profile.cc).
+
+A profile says how its batches were timed (`timing`): by the CPU time of the thread that ran them
+where a run works on its caller's thread alone (a 1-thread session on a CPU: --model-workers
+elastic's workers), else by the wall clock. A cached file refined before profiles said so was
+refined by the wall clock, so other processes' load is in its cells (a machine's cache, refined
+through 10,305 batches beside load tests, said a 128-token sequence costs 95 ms alone and 27 ms in a
+batch of 32): it is not used, and measured again.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ FORMAT = "rmscore-cost-profile/1"
 #: model_workers 0 (--model-workers auto) matches any count: the server then runs the profile's.
 IDENTITY_KEYS = ("model", "model_version", "backend", "device", "precision", "intra_op_threads", "model_workers",
                  "cpu")
+#: How a profile's batches were timed (its `timing`): their thread's CPU time, or the wall clock.
+THREAD_CPU, WALL = "thread-cpu", "wall"
 #: Where the CPU's name is read (the C++ server reads the same line).
 CPUINFO = pathlib.Path("/proc/cpuinfo")
 
@@ -81,6 +90,18 @@ def cache_path(directory: pathlib.Path, identity: dict, max_batch_size: int) -> 
     return directory / (re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".json")
 
 
+def timing(device: str, threads_per_run: int) -> str:
+    """How a table of runs on sessions of `threads_per_run` intra-op threads is timed: by the running
+    thread's CPU time where a run works on its caller's thread alone (one thread, on a CPU), which other
+    processes' load does not inflate; else by the wall clock (a GPU's work is not the thread's)."""
+    return THREAD_CPU if device == "cpu" and threads_per_run == 1 else WALL
+
+
+def clock(timing: str) -> Callable[[], float]:
+    """The clock a table of this `timing` is measured by, in seconds."""
+    return time.thread_time if timing == THREAD_CPU else time.perf_counter
+
+
 def load_cached(path: pathlib.Path, identity: dict, progress: Callable[[str], None]) -> tuple[CostTable, int] | None:
     """The cached table and its model workers, or None (said through `progress`, with the reason) when
     there is none or it cannot be used: then the server measures again and replaces it."""
@@ -88,7 +109,12 @@ def load_cached(path: pathlib.Path, identity: dict, progress: Callable[[str], No
         progress(f"cost profile: none cached at {path}: measuring")
         return None
     try:
-        return load(path, identity, where=f"cached cost profile {path}")
+        table = load(path, identity, where=f"cached cost profile {path}")
+        doc = json.loads(path.read_text())
+        if doc.get("refined_batches") and doc.get("timing") not in (THREAD_CPU, WALL):
+            raise ProfileError(f"cached cost profile {path}: refined by the wall clock before profiles said "
+                               "how they were timed, so other processes' load is in its cells")
+        return table
     except ProfileError as e:
         progress(f"cost profile: not used: {e}; measuring again (the file will be replaced)")
         return None
@@ -120,14 +146,15 @@ def load(path: pathlib.Path, identity: dict, where: str | None = None) -> tuple[
         raise ProfileError(f"{where}: corrupt table: {e}") from None
 
 
-def save(path: pathlib.Path, table: CostTable, identity: dict, seconds: float) -> None:
-    """Writes the profile atomically (a crash leaves the old file or none, never half of one)."""
-    doc = {"format": FORMAT, "identity": identity, "measured_seconds": round(seconds, 3),
+def save(path: pathlib.Path, table: CostTable, identity: dict, seconds: float, timing: str = WALL) -> None:
+    """Writes the profile atomically (a crash leaves the old file or none, never half of one);
+    `timing`: how its batches were timed (THREAD_CPU or WALL)."""
+    doc = {"format": FORMAT, "identity": identity, "timing": timing, "measured_seconds": round(seconds, 3),
            "measured_at": _now(), "table": table.to_json()}
     _write(path, doc)
 
 
-def save_refined(path: pathlib.Path, table: CostTable, identity: dict, batches: int) -> None:
+def save_refined(path: pathlib.Path, table: CostTable, identity: dict, batches: int, timing: str = WALL) -> None:
     """Writes the table as the batches served refined it (cost.CostModel.observe), so the next start
     plans with what this machine showed under load, not only with its warm-up's few timings: the
     measurement's fields are kept, `refined_batches` counts the batches that refined it since, over
@@ -136,7 +163,7 @@ def save_refined(path: pathlib.Path, table: CostTable, identity: dict, batches: 
         old = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError):
         old = None
-    doc = {"format": FORMAT, "identity": identity}
+    doc = {"format": FORMAT, "identity": identity, "timing": timing}
     if isinstance(old, dict) and old.get("format") == FORMAT and old.get("identity") == identity:
         doc.update({k: old[k] for k in ("measured_seconds", "measured_at") if k in old})
         prior = old.get("refined_batches")

@@ -153,7 +153,8 @@ class ScoringCore:
                                                    self.repo.pad_token_id, cost,
                                                    int(self.cfg.max_queue_wait_seconds * 1e6), seed,
                                                    progress=self.stall, on_idle=self._release_memory,
-                                                   on_refined=self._keep_refined if self._refines_cache(cost) else None),
+                                                   on_refined=self._keep_refined if self._refines_cache(cost) else None,
+                                                   refine_on_thread_cpu=self._timing() == cost_profile.THREAD_CPU),
                                    [self._scorer(b) for b in self.workers.runs], self.metrics,
                                    lone=None if self.workers.lone is None else self._scorer(self.workers.lone))
             self._set_state(SERVING)
@@ -176,7 +177,7 @@ class ScoringCore:
         """Batches refined the table and the batcher went idle (a batcher thread) or stopped: keep it in
         the cache. A cache that cannot be written costs the next start this refinement, nothing else."""
         try:
-            cost_profile.save_refined(self.cost_profile_path, table, self.cost_identity, batches)
+            cost_profile.save_refined(self.cost_profile_path, table, self.cost_identity, batches, self._timing())
         except OSError as e:
             progress(f"cost profile: cannot keep the refined table at {self.cost_profile_path}: {e}")
 
@@ -189,11 +190,13 @@ class ScoringCore:
             rng = np.random.default_rng(0)
             low = min(1000, self.repo.vocab_size - 1)
 
+            clock = cost_profile.clock(self._timing())
+
             def run(b: int, n: int) -> float:
                 ids = rng.integers(low, self.repo.vocab_size, size=(b, n), dtype=np.int64)
-                t = time.perf_counter()
+                t = clock()
                 self.backend.score(ids, np.ones((b, n), np.int64))
-                return time.perf_counter() - t
+                return clock() - t
 
             self.cost_table, spent = cost_profile.measure(run, self.cfg.max_batch_size, self.repo.max_sequence_length,
                                                           self.cfg.cost_profile_seconds, progress)
@@ -203,6 +206,13 @@ class ScoringCore:
         progress(cost_profile.describe(self.cost_table))
         return CostModel(self.cost_table)
 
+    def _timing(self) -> str:
+        """How the cost table is timed: every run session works on its caller's thread alone (one
+        intra-op thread on a CPU, as --model-workers elastic's workers), so by that thread's CPU time,
+        which other processes' load does not inflate (batcher.Options.refine_on_thread_cpu); else by the
+        wall clock."""
+        return cost_profile.timing(self.cfg.device, self.cfg.intra_op_threads // len(self.workers.runs))
+
     def _save_cost_profile(self, spent: float) -> None:
         path = self.cost_profile_path
         if path is None:
@@ -210,7 +220,7 @@ class ScoringCore:
         try:
             if path != self.cfg.cost_profile:
                 path.parent.mkdir(parents=True, exist_ok=True)
-            cost_profile.save(path, self.cost_table, self.cost_identity, spent)
+            cost_profile.save(path, self.cost_table, self.cost_identity, spent, self._timing())
         except OSError as e:
             if path == self.cfg.cost_profile:
                 raise  # the operator named this file: not writing it is a failed start

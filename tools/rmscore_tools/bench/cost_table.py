@@ -58,9 +58,8 @@ def plot(table, path: pathlib.Path, title: str) -> None:
 
 
 def measure(cfg, repo):
-    """Measures as ScoringCore does at warm-up: the same runtime, warm-up and budget."""
-    import time
-
+    """Measures as ScoringCore does at warm-up: the same runtime, warm-up, budget and clock (the table,
+    the seconds spent, and how it was timed)."""
     from rmscore.core import cost_profile
     from rmscore.core.runtime import progress
     from rmscore.runtimes.workers import create_workers
@@ -68,15 +67,18 @@ def measure(cfg, repo):
     backend = create_workers(cfg, repo, cfg.model_workers)[0]
     backend.warmup(cfg.max_batch_size, repo.max_sequence_length)
     rng = np.random.default_rng(0)
+    timing = cost_profile.timing(cfg.device, cfg.intra_op_threads // cfg.model_workers)
+    clock = cost_profile.clock(timing)
 
     def run(b: int, n: int) -> float:
         ids = rng.integers(min(1000, repo.vocab_size - 1), repo.vocab_size, size=(b, n), dtype=np.int64)
-        t = time.perf_counter()
+        t = clock()
         backend.score(ids, np.ones((b, n), np.int64))
-        return time.perf_counter() - t
+        return clock() - t
 
-    return cost_profile.measure(run, cfg.max_batch_size, repo.max_sequence_length, cfg.cost_profile_seconds,
-                                progress)
+    table, spent = cost_profile.measure(run, cfg.max_batch_size, repo.max_sequence_length,
+                                        cfg.cost_profile_seconds, progress)
+    return table, spent, timing
 
 
 def main(args) -> int:
@@ -102,10 +104,10 @@ def main(args) -> int:
             return 2
         source = f"loaded from {cfg.cost_profile}"
     else:
-        table, spent = measure(cfg, repo)
+        table, spent, timing = measure(cfg, repo)
         source = f"measured in {spent:.1f} s"
         if cfg.cost_profile is not None:
-            cost_profile.save(cfg.cost_profile, table, identity, spent)
+            cost_profile.save(cfg.cost_profile, table, identity, spent, timing)
             source += f", saved to {cfg.cost_profile}"
     print(cost_profile.describe(table))
     title = (f"{repo.name} on {cfg.backend} ({cfg.device}, {cfg.model_workers} x "
