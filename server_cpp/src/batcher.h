@@ -41,11 +41,11 @@
 // sequences from the queue (Cancel on a gRPC thread, Stop on the main one).
 #pragma once
 
-#include <ctime>
 #include <grpcpp/support/status.h>
 
 #include <chrono>
 #include <condition_variable>
+#include <ctime>
 #include <functional>
 #include <map>
 #include <memory>
@@ -155,9 +155,9 @@ class Batcher {
     // Refine the cost table with the CPU time the run took on its batcher thread, not the wall clock:
     // right where a run works on its caller's thread alone (a 1-thread session on a CPU, the workers of
     // --model-workers elastic), where the wall clock counts the time other processes took the core, and
-    // those inflated cells, never chosen again, were never corrected (docs/batching.md, "Refined
-    // online"). Admission's rate keeps the wall clock: waits are wall time. Python's
-    // Options.refine_on_thread_cpu.
+    // those inflated cells, never chosen again, were never corrected (docs/batching.md, "Timed by the
+    // run's thread, not the wall clock"). Admission's rate keeps the wall clock: waits are wall time.
+    // Python's Options.refine_on_thread_cpu.
     bool refine_on_thread_cpu = false;
   };
   // `models`: one per worker, each run by its own batcher thread. `abort` (optional) makes the model

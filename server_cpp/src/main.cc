@@ -160,7 +160,7 @@ PackedBatch RandomBatch(int64_t b, int64_t n, int64_t vocab_size, std::mt19937_6
 // saved with --cost-profile or in the cache, ProfilePath). nullptr when nothing plans with it and no profile was asked for:
 // measuring costs start-up time.
 // `on_thread_cpu`: the runs work on their caller's thread alone, so they are timed by its CPU time
-// (OnThreadCpu).
+// (LoadModel says when).
 std::shared_ptr<CostModel> MakeCostModel(const Config& cfg, const Manifest& m, ModelRunner& runner,
                                          const nlohmann::ordered_json& identity, std::optional<CostTable> table,
                                          bool on_thread_cpu) {

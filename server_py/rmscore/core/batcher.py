@@ -175,8 +175,8 @@ class Batcher:
         # workers of --model-workers elastic), where the wall clock counts the time other processes
         # took the core (a 1-thread run of 128 tokens: 28 ms alone, 62 ms wall and 30 ms of its
         # thread's CPU beside three busy processes), and those inflated cells, never chosen again, were
-        # never corrected (docs/batching.md, "Refined online"). Admission's rate keeps the wall clock:
-        # waits are wall time. C++'s Options::refine_on_thread_cpu.
+        # never corrected (docs/batching.md, "Timed by the run's thread, not the wall clock").
+        # Admission's rate keeps the wall clock: waits are wall time. C++'s Options::refine_on_thread_cpu.
         refine_on_thread_cpu: bool = False
 
     def __init__(self, opts: Options, model: BatchModel | list[BatchModel], metrics: Metrics,
