@@ -89,16 +89,7 @@ std::optional<Profile> LoadCached(const std::string& path, const ordered_json& i
     return std::nullopt;
   }
   try {
-    Profile profile = Load(path, identity, "cached cost profile " + path);
-    std::ifstream in(path, std::ios::binary);
-    const json doc = json::parse(in, nullptr, /*allow_exceptions=*/false);
-    const json refined = doc.is_object() ? doc.value("refined_batches", json()) : json();
-    const json timing = doc.is_object() ? doc.value("timing", json()) : json();
-    if (refined.is_number() && refined != 0 && timing != kThreadCpu && timing != kWall) {
-      throw ProfileError("cached cost profile " + path + ": refined by the wall clock before profiles said " +
-                         "how they were timed, so other processes' load is in its cells");
-    }
-    return profile;
+    return Load(path, identity, "cached cost profile " + path);
   } catch (const ProfileError& e) {
     progress(std::string("cost profile: not used: ") + e.what() + "; measuring again (the file will be replaced)");
     return std::nullopt;
@@ -141,6 +132,13 @@ Profile Load(const std::string& path, const ordered_json& identity, const std::s
       throw ProfileError(where + ": measured for " + key + "=" + Repr(got) + ", but this server runs " + key + "=" +
                          Repr(ours) + (strict ? "; remove the file (or name another) to measure again" : ""));
     }
+  }
+  // A cached file refined before profiles said their timing: by the wall clock (kThreadCpu's comment).
+  // The operator's file is loaded as written.
+  const json refined = doc.value("refined_batches", json()), timing = doc.value("timing", json());
+  if (!strict && refined.is_number() && refined != 0 && timing != kThreadCpu && timing != kWall) {
+    throw ProfileError(where + ": refined by the wall clock before profiles said how they were timed, so other " +
+                       "processes' load is in its cells");
   }
   try {
     return Profile{CostTable::FromJson(doc.value("table", json())), theirs.at("model_workers").get<int64_t>()};

@@ -30,6 +30,12 @@ inline constexpr const char* kFormat = "rmscore-cost-profile/1";
 // cells: LoadCached does not use it (server_py's cost_profile module docstring has the figures).
 inline constexpr const char* kThreadCpu = "thread-cpu";
 inline constexpr const char* kWall = "wall";
+// How a table of runs on sessions of `threads_per_run` intra-op threads is timed: by the running thread's
+// CPU time where a run works on its caller's thread alone (one thread, on a CPU), else by the wall clock
+// (a GPU's work is not the thread's). Python's cost_profile.timing.
+inline const char* Timing(bool on_cpu, int threads_per_run) {
+  return on_cpu && threads_per_run == 1 ? kThreadCpu : kWall;
+}
 // What a profile must match, in the order a mismatch is reported.
 const std::vector<std::string>& IdentityKeys();
 
@@ -52,6 +58,8 @@ struct Profile {
 // of `identity` cannot use it. model_workers 0 in `identity` (--model-workers auto) matches any count:
 // the server then runs the profile's.
 // `where` names the file in messages (empty: "--cost-profile PATH", strict: the message says what to do).
+// A cached file (`where` given) refined before profiles said their timing is refused too; the
+// operator's file is loaded as written.
 Profile Load(const std::string& path, const nlohmann::ordered_json& identity, const std::string& where = "");
 
 // The CPU's name as the kernel gives it (the first "model name" line of `cpuinfo`), or "unknown".

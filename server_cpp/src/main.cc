@@ -159,11 +159,10 @@ PackedBatch RandomBatch(int64_t b, int64_t n, int64_t vocab_size, std::mt19937_6
 // The cost table: the profile loaded at start, or measured now within --cost-profile-seconds (and
 // saved with --cost-profile or in the cache, ProfilePath). nullptr when nothing plans with it and no profile was asked for:
 // measuring costs start-up time.
-// `on_thread_cpu`: the runs work on their caller's thread alone, so they are timed by its CPU time
-// (LoadModel says when).
+// `timing`: how the runs are timed (cost_profile::Timing; LoadModel says which).
 std::shared_ptr<CostModel> MakeCostModel(const Config& cfg, const Manifest& m, ModelRunner& runner,
                                          const nlohmann::ordered_json& identity, std::optional<CostTable> table,
-                                         bool on_thread_cpu) {
+                                         const std::string& timing) {
   if (cfg.batching != BatchingMode::kCostAware && cfg.cost_profile.empty()) return nullptr;
   if (!table) {
     const std::string path = ProfilePath(cfg, identity);
@@ -173,12 +172,12 @@ std::shared_ptr<CostModel> MakeCostModel(const Config& cfg, const Manifest& m, M
       const Clock::time_point t = Clock::now();
       const double cpu = ThreadCpuSeconds();
       runner.Run(batch);
-      return on_thread_cpu ? ThreadCpuSeconds() - cpu : SecondsSince(t);
+      return timing == cost_profile::kThreadCpu ? ThreadCpuSeconds() - cpu : SecondsSince(t);
     };
     const cost_profile::Measured got =
         cost_profile::Measure(run, cfg.max_batch_size, m.max_sequence_length, cfg.cost_profile_seconds, Progress);
     table = got.table;
-    SaveProfile(cfg, path, *table, identity, got.seconds, on_thread_cpu ? cost_profile::kThreadCpu : cost_profile::kWall);
+    SaveProfile(cfg, path, *table, identity, got.seconds, timing);
   }
   std::cout << cost_profile::Describe(*table) << std::endl;
   return std::make_shared<CostModel>(*table);
@@ -399,8 +398,9 @@ Loaded LoadModel(const Config& cfg, const Manifest& manifest, const sigset_t& si
   if (StopPending(signals)) return {};
   // Every run session works on its caller's thread alone (one intra-op thread on a CPU, as elastic's
   // workers): the cost table is timed by that thread's CPU time (Batcher::Options::refine_on_thread_cpu).
-  const bool on_thread_cpu = cfg.device == Device::kCpu && cfg.intra_op_threads / int(sessions.runs.size()) == 1;
-  std::shared_ptr<CostModel> cost = MakeCostModel(cfg, manifest, first, *identity, std::move(profiled), on_thread_cpu);
+  const std::string timing =
+      cost_profile::Timing(cfg.device == Device::kCpu, cfg.intra_op_threads / int(sessions.runs.size()));
+  std::shared_ptr<CostModel> cost = MakeCostModel(cfg, manifest, first, *identity, std::move(profiled), timing);
   std::optional<LongestBatch> longest;
   if (cost) longest = LongestBatchOf(cost->table(), cfg.max_batch_size, cfg.max_batch_tokens, manifest.max_sequence_length);
   const auto [note, warning] = ThresholdNote(cfg.liveness_stall_seconds, longest);
@@ -413,15 +413,15 @@ Loaded LoadModel(const Config& cfg, const Manifest& manifest, const sigset_t& si
   for (const auto& w : sessions.owned) w->ReleaseMemory();
   std::function<void(const CostTable&, int64_t)> keep_refined;
   if (const std::string path = ProfilePath(cfg, *identity); cost && cfg.cost_profile.empty() && !path.empty()) {
-    keep_refined = [path, id = *identity, on_thread_cpu](const CostTable& table, int64_t batches) {
+    keep_refined = [path, id = *identity, timing](const CostTable& table, int64_t batches) {
       try {
-        cost_profile::SaveRefined(path, table, id, batches, on_thread_cpu ? cost_profile::kThreadCpu : cost_profile::kWall);
+        cost_profile::SaveRefined(path, table, id, batches, timing);
       } catch (const std::exception& e) {  // a cache not written costs the next start this refinement only
         Progress(std::string("cost profile: cannot keep the refined table at ") + path + ": " + e.what());
       }
     };
   }
-  return {std::move(sessions), std::move(cost), seed, std::move(keep_refined), on_thread_cpu};
+  return {std::move(sessions), std::move(cost), seed, std::move(keep_refined), timing == cost_profile::kThreadCpu};
 }
 
 // Serves until SIGTERM/SIGINT, then drains: accepted work may run until the grace less the shutdown

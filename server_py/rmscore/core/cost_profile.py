@@ -109,12 +109,7 @@ def load_cached(path: pathlib.Path, identity: dict, progress: Callable[[str], No
         progress(f"cost profile: none cached at {path}: measuring")
         return None
     try:
-        table = load(path, identity, where=f"cached cost profile {path}")
-        doc = json.loads(path.read_text())
-        if doc.get("refined_batches") and doc.get("timing") not in (THREAD_CPU, WALL):
-            raise ProfileError(f"cached cost profile {path}: refined by the wall clock before profiles said "
-                               "how they were timed, so other processes' load is in its cells")
-        return table
+        return load(path, identity, where=f"cached cost profile {path}")
     except ProfileError as e:
         progress(f"cost profile: not used: {e}; measuring again (the file will be replaced)")
         return None
@@ -122,7 +117,8 @@ def load_cached(path: pathlib.Path, identity: dict, progress: Callable[[str], No
 
 def load(path: pathlib.Path, identity: dict, where: str | None = None) -> tuple[CostTable, int]:
     """The table in `path` and the model workers it was measured with, or ProfileError saying why it
-    cannot be used by a server of `identity`."""
+    cannot be used by a server of `identity`. A cached file (`where` given) refined before profiles said
+    their timing is refused too (the module's docstring); the operator's file is loaded as written."""
     strict = where is None  # --cost-profile: the operator's file, refused with what to do about it
     where = where or f"--cost-profile {path}"
     try:
@@ -140,6 +136,10 @@ def load(path: pathlib.Path, identity: dict, where: str | None = None) -> tuple[
             raise ProfileError(f"{where}: measured for {key}={theirs.get(key)!r}, but this server runs "
                                f"{key}={identity[key]!r}"
                                + ("; remove the file (or name another) to measure again" if strict else ""))
+    refined = doc.get("refined_batches")
+    if not strict and isinstance(refined, (int, float)) and refined != 0 and doc.get("timing") not in (THREAD_CPU, WALL):
+        raise ProfileError(f"{where}: refined by the wall clock before profiles said how they were timed, "
+                           "so other processes' load is in its cells")
     try:
         return CostTable.from_json(doc.get("table")), theirs["model_workers"]
     except CostError as e:

@@ -190,15 +190,14 @@ def summarise(reps: list[dict], kinds: list[str], configs: list[str]) -> dict:
             # repetition.
             bar = [r["servers"][key].get("plans") or r["plans"][rt] for r in per]
             for load in [f"c{c}" for c in CONCURRENCY] + ["rollout"]:
-                thr = [r["servers"][key][load]["throughput_seq_s"] for r in per]
-                ratio = [r["servers"][key][load]["throughput_seq_s"] / b["best_seq_s"] for r, b in zip(per, bar)]
+                got = [r["servers"][key][load] for r in per]  # this load's figures, one per repetition
+                thr = [g["throughput_seq_s"] for g in got]
+                ratio = [g["throughput_seq_s"] / b["best_seq_s"] for g, b in zip(got, bar)]
                 row = {"kind": kind, "config": config, "load": load, "throughput": mean_ci(thr).as_dict(),
-                       "ratio": mean_ci(ratio).as_dict(),
-                       "errors": sum(r["servers"][key][load]["errors"] for r in per)}
+                       "ratio": mean_ci(ratio).as_dict(), "errors": sum(g["errors"] for g in got)}
                 for k in CPU_KEYS + TIME_KEYS:  # absent from runs made before they were recorded
-                    if all(k in r["servers"][key][load] for r in per):
-                        row[k] = mean_ci([r["servers"][key][load][k] for r in per]).as_dict()
-                got = [r["servers"][key][load] for r in per]
+                    if all(k in g for g in got):
+                        row[k] = mean_ci([g[k] for g in got]).as_dict()
                 if load != "rollout" and all("server_ms_per_request" in g for g in got):
                     # What a caller waited per request beyond the server's accept-to-answer: the transport
                     # and the client (with c in flight a closed loop's request takes c / throughput).
@@ -206,13 +205,12 @@ def summarise(reps: list[dict], kinds: list[str], configs: list[str]) -> dict:
                     row["outside_ms"] = mean_ci([c * 1e3 / g["throughput_seq_s"] - g["server_ms_per_request"]
                                                  for g in got if g["throughput_seq_s"] > 0]).as_dict()
                 if load == f"c{max(CONCURRENCY)}":
-                    p99 = [r["servers"][key][load]["latency_ms"]["p99"] for r in per]
+                    p99 = [g["latency_ms"]["p99"] for g in got]
                     # A repetition that scored nothing in the window has no bound (NaN, dropped by mean_ci).
                     bound = [GOALS["p99_factor"] * max(CONCURRENCY) / t * 1e3 if t > 0 else float("nan") for t in thr]
                     row["p99_ms"], row["p99_bound_ms"] = mean_ci(p99).as_dict(), mean_ci(bound).as_dict()
                 if load == "c1":
-                    b1 = [r["servers"][key][load]["throughput_seq_s"] / b["throughput_seq_s"]["1"]
-                          for r, b in zip(per, bar)]
+                    b1 = [g["throughput_seq_s"] / b["throughput_seq_s"]["1"] for g, b in zip(got, bar)]
                     row["batch1_ratio"] = mean_ci(b1).as_dict()
                     if all("model_ms_per_seq" in g for g in got):
                         # The model's run in the server against the same runtime's batch 1 run back to back:
@@ -221,11 +219,11 @@ def summarise(reps: list[dict], kinds: list[str], configs: list[str]) -> dict:
                         row["model_over_batch1"] = mean_ci([g["model_ms_per_seq"] * b["throughput_seq_s"]["1"] / 1e3
                                                             for g, b in zip(got, bar)]).as_dict()
                 elif load.startswith("c"):
-                    under = [r["servers"][key][load]["throughput_seq_s"] / r["servers"][key]["c1"]["throughput_seq_s"]
-                             for r in per if r["servers"][key]["c1"]["throughput_seq_s"] > 0]
+                    under = [g["throughput_seq_s"] / r["servers"][key]["c1"]["throughput_seq_s"]
+                             for g, r in zip(got, per) if r["servers"][key]["c1"]["throughput_seq_s"] > 0]
                     row["over_c1"] = mean_ci(under).as_dict()
                 else:
-                    mk = [r["servers"][key][load]["makespan_s"] / (ROLLOUT[0] / b["best_seq_s"]) for r, b in zip(per, bar)]
+                    mk = [g["makespan_s"] / (ROLLOUT[0] / b["best_seq_s"]) for g, b in zip(got, bar)]
                     row["makespan_factor"] = mean_ci(mk).as_dict()
                 rows[f"{key} {load}"] = row
     http = _http_excess(reps, configs)
