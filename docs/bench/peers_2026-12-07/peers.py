@@ -53,6 +53,7 @@ import numpy as np  # noqa: E402
 
 from rmscore_tools import caller, launch, loadgen  # noqa: E402
 from rmscore_tools.bench.scheduling import LENGTHS  # noqa: E402
+from rmscore_tools.host import machine_info  # noqa: E402
 from rmscore_tools.stats import mean_ci  # noqa: E402
 from rmscore_tools.workload import LengthMix  # noqa: E402
 
@@ -343,16 +344,6 @@ def check(systems, log_dir, ready_timeout_s) -> bool:
 
 # ---- summary ---------------------------------------------------------------------------------------
 
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def versions() -> dict:
     def pkgs(python, names):
         code = ("import importlib.metadata as m, json, sys; out = {}\n"
@@ -442,7 +433,7 @@ def main() -> int:
     log_dir = pathlib.Path(tempfile.mkdtemp(prefix="peers-logs-", dir=PEERS_HOME if PEERS_HOME.is_dir() else None))
     if a.rmscore_cache_dir != "user":
         os.environ["RMSCORE_CACHE_DIR"] = a.rmscore_cache_dir or str(log_dir / "rmscore-cache")
-    cpu = cpu_model()
+    cpu = machine_info()["cpu"]
     print(f"RMSCORE_CACHE_DIR={os.environ.get('RMSCORE_CACHE_DIR', '(unset: ~/.cache/rmscore)')}", flush=True)
     print(f"CPU: {cpu} ({os.cpu_count()} logical CPUs); load average {os.getloadavg()}; logs in {log_dir}", flush=True)
     if a.check:

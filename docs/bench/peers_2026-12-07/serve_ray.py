@@ -37,6 +37,9 @@ MAX_ONGOING = int(os.environ.get("PEER_MAX_ONGOING", "64"))
 THREADS = int(os.environ.get("PEER_INTRA_OP_THREADS", "2"))
 
 
+# Each peer script is self-contained on purpose: it runs under its own framework (Ray ships the deployment
+# class to its worker processes, BentoML imports the file as a service), so nothing is shared between them.
+
 def pad(seqs):
     """A batch padded to its longest sequence (pad id 0) with its attention mask."""
     n, longest = len(seqs), max(len(s) for s in seqs)
