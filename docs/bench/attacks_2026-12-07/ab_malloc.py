@@ -1,10 +1,12 @@
 """PYTHONMALLOC=pymalloc against PYTHONMALLOC=malloc on one Python kind (argv: rounds, kind), both servers up
 at once, one cost table for both, rounds alternating which goes first: one in flight (seq/s, p50 ms), 64 in
 flight (seq/s), and the server's CPU ms per request (utime+stime from /proc). docs/bench/attacks_2026-12-07/README.md."""
-import asyncio, json, os, pathlib, statistics, sys, tempfile, time
+import asyncio, pathlib, statistics, sys, tempfile, time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "tools"))
 import numpy as np
-from rmscore_tools import launch, caller
+from rmscore_tools import caller, launch
+from rmscore_tools.host import machine_info
+from rmscore_tools.observe import cpu_s
 from rmscore_tools.workload import LengthMix
 from rmscore_tools.bench import scheduling
 from rmscore_tools.stats import mean_ci
@@ -12,18 +14,11 @@ from rmscore_tools.stats import mean_ci
 KIND = sys.argv[2] if len(sys.argv) > 2 else "py-http-onnxruntime"
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 tmp = pathlib.Path(tempfile.mkdtemp())
-flags = dict()
-sv = launch.start(KIND, cost_profile_dir=str(tmp / "cache"), **flags); sv.stop()
+sv = launch.start(KIND, cost_profile_dir=str(tmp / "cache")); sv.stop()
 [table] = (tmp / "cache").glob("*.json")
 arms = {"pymalloc": {"PYTHONMALLOC": "pymalloc"}, "malloc": {"PYTHONMALLOC": "malloc"}}
-servers = {a: launch.start(KIND, cost_profile=str(table), env=e, log_dir=str(tmp / a), **flags) for a, e in arms.items()}
+servers = {a: launch.start(KIND, cost_profile=str(table), env=e, log_dir=str(tmp / a)) for a, e in arms.items()}
 lens = LengthMix.parse(scheduling.LENGTHS).sample(np.random.default_rng(3), 100000)
-HZ = os.sysconf("SC_CLK_TCK")
-
-def cpu_s(pid):
-    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / HZ
-
 async def closed(server, conc, secs):
     c = caller.async_client(launch.transport(KIND), caller.target_of(server), chunk_size=1, timeout_s=60)
     n = [0]; lat = []
@@ -58,7 +53,7 @@ try:
 finally:
     for s in servers.values():
         s.stop()
-print("CPU:", open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": \t"))
+print("CPU:", machine_info()["cpu"])
 for k in ("c1", "p50", "cpu1", "c64", "cpu64"):
     ratios = [u / a for u, a in zip(res["malloc"][k], res["pymalloc"][k])]
     print(f"{k}: pymalloc {statistics.mean(res['pymalloc'][k]):.2f} malloc {statistics.mean(res['malloc'][k]):.2f}  malloc/pymalloc {mean_ci(ratios).fmt()}")
