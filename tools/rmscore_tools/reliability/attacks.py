@@ -553,9 +553,10 @@ def run_attack(server, kind: str, name: str, seconds: float, settle_s: float) ->
     return row
 
 
-def run_kind(kind: str, attacks: list[str], seconds: float, settle_s: float, log, flags: dict | None = None) -> list[dict]:
+def run_kind(kind: str, attacks: list[str], seconds: float, settle_s: float, log, flags: dict | None = None,
+             env: dict | None = None) -> list[dict]:
     rows = []
-    server = launch.start(kind, **(flags or {}))
+    server = launch.start(kind, env=env, **(flags or {}))
     try:
         from rmscore_tools import caller  # warm: one good call before the baseline
         from rmscore_tools.reliability.faults import _probe_score
@@ -633,17 +634,20 @@ def main(argv=None) -> int:
     ap.add_argument("--flag", action="append", default=[], metavar="NAME=VALUE",
                     help="a server flag, docs/contract.md's name with underscores (repeatable; default: none, "
                          "every server on its defaults)")
+    ap.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="added to each server's environment (repeatable; default: none)")
     args = ap.parse_args(argv)
     flags = dict(f.split("=", 1) for f in args.flag)
+    env = dict(f.split("=", 1) for f in args.server_env)
     head = (f"CPU: {cpu_model()} x {os.cpu_count()}; load average at start: {loadavg()}; "
             f"commit {subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()}"
-            + (f"; server flags {flags}" if flags else ""))
+            + (f"; server flags {flags}" if flags else "") + (f"; server environment {env}" if env else ""))
     print(head, flush=True)
     print(table([]), end="", flush=True)
     rows = []
     for kind in args.kinds:
         try:
-            rows += run_kind(kind, args.attacks, args.seconds, args.settle, lambda s: print(s, flush=True), flags)
+            rows += run_kind(kind, args.attacks, args.seconds, args.settle, lambda s: print(s, flush=True), flags, env)
         except Exception as e:  # noqa: BLE001
             print(f"{kind}: {type(e).__name__}: {e}", flush=True)
     print()
