@@ -468,6 +468,7 @@ void ServeAndDrain(const Config& cfg, const Manifest& manifest, const Loaded& lo
   LivenessWatch watch(&liveness, [&server](bool alive) {
     server.GetHealthCheckService()->SetServingStatus(kLivenessService, alive);
   });
+  PinMmapThreshold();  // request-sized buffers are unmapped when freed (transport.h says why)
   HeapTrimmer trimmer(kHeapTrimInterval);
   SetHealth(server, true);
   std::cout << "rmscore ready model=" << manifest.name << " version=" << manifest.version

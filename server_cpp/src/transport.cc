@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 namespace rmscore {
 
@@ -34,6 +35,11 @@ void ConfigureTransport(const Config& cfg, grpc::ServerBuilder* builder) {
   // Clients balancing round_robin re-resolve only when a connection closes: the age makes them find new replicas.
   builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, cfg.max_connection_age_ms());
   builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, cfg.max_connection_age_grace_ms());
+}
+
+bool PinMmapThreshold(size_t bytes) {
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") != nullptr) return false;
+  return mallopt(M_MMAP_THRESHOLD, int(bytes)) == 1;
 }
 
 HeapTrimmer::HeapTrimmer(std::chrono::milliseconds interval) {

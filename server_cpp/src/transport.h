@@ -43,4 +43,16 @@ class HeapTrimmer {
 
 inline constexpr std::chrono::seconds kHeapTrimInterval{5};
 
+// A buffer this large or larger that the heap has no free room for is mmapped, and unmapped when
+// freed. glibc raises its own threshold each time it frees an mmapped block, up to 32 MiB: after the
+// first multi-MiB request the next ones grew the heap, where small allocations between them pinned
+// its pages, and the trimmer could not give them back (+7.5% and +12.6% resident 10 s after streams
+// of 1M-id items and of 32k-id sequences, +0.1% pinned: docs/bench/mmap-threshold_2026-12-07/).
+// ONNX Runtime's activations live in its own arena, so the model's runs do not pay an mmap per op.
+inline constexpr size_t kMmapThresholdBytes = size_t{1} << 20;
+
+// Pins glibc's mmap threshold at `bytes` (glibc stops moving it). False, changing nothing, where the
+// operator set MALLOC_MMAP_THRESHOLD_, which glibc has applied already.
+bool PinMmapThreshold(size_t bytes = kMmapThresholdBytes);
+
 }  // namespace rmscore

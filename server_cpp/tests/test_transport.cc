@@ -4,6 +4,9 @@
 // tests/conformance/test_grpcurl.py.
 #include <google/protobuf/descriptor.pb.h>
 #include <gtest/gtest.h>
+#include <malloc.h>
+
+#include <cstdlib>
 
 #include "reflection_v1.h"
 #include "service.h"
@@ -81,6 +84,42 @@ TEST(Transport, TheHttpBodyFlagsAreCheckedAsInPython) {
   } catch (const ConfigError& e) {
     EXPECT_STREQ(e.what(), "--max-buffered-request-bytes: must be >= --max-request-bytes (2048), got 1024");
   }
+}
+
+// In a child process (pinning is for good), which exits with how many more blocks glibc has mmapped
+// once a 2 MiB buffer is held, after an 8 MiB one was freed: glibc's own default then serves the
+// 2 MiB from the heap, where the trimmer cannot give its pages back while small allocations sit beside it.
+[[noreturn]] void ExitWithNewMmappedBlocks(bool pin) {
+  if (pin && !PinMmapThreshold()) std::_Exit(100);
+  void* volatile freed = malloc(size_t{8} << 20);  // volatile: the compiler may drop a malloc/free pair
+  free(freed);
+  const size_t before = mallinfo2().hblks;
+  void* volatile held = malloc(size_t{2} << 20);
+  const size_t after = mallinfo2().hblks;
+  free(held);
+  std::_Exit(int(after - before));
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define SKIP_UNDER_ASAN() GTEST_SKIP() << "AddressSanitizer's allocator replaces glibc's: no threshold to pin"
+#else
+#define SKIP_UNDER_ASAN() (void)0
+#endif
+
+TEST(MmapThreshold, PinnedALargeBufferIsMmappedEvenAfterABiggerOneWasFreed) {
+  SKIP_UNDER_ASAN();
+  // A fresh process: one forked from this one could serve the 2 MiB from what earlier tests freed.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  unsetenv("MALLOC_MMAP_THRESHOLD_");
+  EXPECT_EXIT(ExitWithNewMmappedBlocks(false), testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(ExitWithNewMmappedBlocks(true), testing::ExitedWithCode(1), "");
+}
+
+TEST(MmapThreshold, AnOperatorsThresholdIsLeftAsItIs) {
+  SKIP_UNDER_ASAN();
+  setenv("MALLOC_MMAP_THRESHOLD_", "16777216", 1);  // glibc read it at start; pinning must decline
+  EXPECT_FALSE(PinMmapThreshold());
+  unsetenv("MALLOC_MMAP_THRESHOLD_");
 }
 
 }  // namespace

@@ -278,7 +278,8 @@ async def serve(cfg: ServeConfig) -> int:
         return 1
     metrics_server, _ = start_http_server(cfg.metrics_port, addr=cfg.host, registry=core.metrics.registry)
     await server.start()
-    start_trimming()  # freed request buffers go back to the system (frontends/memory.py)
+    # freed request buffers go back to the system (frontends/memory.py)
+    start_trimming(pin_threshold=cfg.backend == "onnxruntime")
 
     loop = asyncio.get_running_loop()
     failed = asyncio.Event()

@@ -71,7 +71,8 @@ def run(cfg: ServeConfig) -> int:
             server.should_exit = True
 
     core.start_loading(on_state)
-    start_trimming()  # freed request buffers go back to the system (frontends/memory.py)
+    # freed request buffers go back to the system (frontends/memory.py)
+    start_trimming(pin_threshold=cfg.backend == "onnxruntime")
     server.run(sockets=[sock])
     core.stop(join_timeout_s=0.0)  # a batch still in the model must not hold the exit past the grace
     return exit_code(core, 1 if failed else 0)

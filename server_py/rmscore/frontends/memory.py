@@ -15,6 +15,16 @@ the next two trims first run a full garbage collection: a server that never sees
 it, and a stream of them pays one collection per interval. Two, because the request is noted when it
 arrives: one still being decoded or refused when the first collection runs (a 7 MiB JSON body takes
 a few hundred milliseconds on a busy 2-core machine) is collected by the second, `TRIM_INTERVAL_S` later.
+
+Trimming alone left 6-18% over baseline after floods of multi-MiB requests (refused 1M-id sequences,
+15 MiB texts), because glibc raises its mmap threshold each time it frees an mmapped block, up to
+32 MiB: after the first such request, the next ones' buffers come from the heap, where the small
+allocations made between them pin their pages. So on the ONNX Runtime backend the threshold is pinned
+at `MMAP_THRESHOLD_BYTES`: a buffer that large that the heap has no free room for is mapped on its
+own, and freeing it unmaps it.
+Not on the torch backends: their activations are plain mallocs (ONNX Runtime keeps its own arena), and
+an mmap and page faults per op cost py-grpc-eager 0.87 +- 0.19 of its throughput at 64 in flight
+(docs/bench/mmap-threshold_2026-12-07/). An operator's `MALLOC_MMAP_THRESHOLD_` is left as glibc applied it.
 """
 
 from __future__ import annotations
@@ -22,12 +32,20 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import os
 import threading
 
 #: Seconds between two trims: resident memory is back near its baseline this long after a burst ends.
 TRIM_INTERVAL_S = 3.0
 #: A request this large (bytes on the wire) makes the next trims collect garbage first.
 LARGE_REQUEST_BYTES = 1 << 20
+#: On the ONNX Runtime backend, an allocation this large or larger is always mmapped, so it is unmapped
+#: when freed (the module's docstring says why); glibc's own default moves between 128 KiB and 32 MiB.
+MMAP_THRESHOLD_BYTES = LARGE_REQUEST_BYTES
+#: mallopt's parameter number for the mmap threshold (glibc's malloc.h).
+_M_MMAP_THRESHOLD = -3
+#: The environment variable by which glibc takes an operator's threshold at start.
+MMAP_THRESHOLD_ENV = "MALLOC_MMAP_THRESHOLD_"
 #: How many trims collect after a large request arrives (the module's docstring says why two).
 COLLECTIONS_AFTER_LARGE = 2
 
@@ -55,18 +73,29 @@ def trim_once(trim) -> bool:
     return collect
 
 
-def _malloc_trim():
+def _libc_function(name: str):
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc.malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim this way
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune this way
         return None
 
 
-def start_trimming(interval_s: float = TRIM_INTERVAL_S) -> threading.Event | None:
+def pin_mmap_threshold(nbytes: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """Allocations of `nbytes` or more are mmapped from now on, and glibc stops moving the threshold.
+    False, changing nothing, where the operator set `MALLOC_MMAP_THRESHOLD_` or the C library is not glibc."""
+    mallopt = _libc_function("mallopt")
+    if mallopt is None or MMAP_THRESHOLD_ENV in os.environ:
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, nbytes))
+
+
+def start_trimming(interval_s: float = TRIM_INTERVAL_S, pin_threshold: bool = False) -> threading.Event | None:
     """A daemon thread calling malloc_trim(0) every `interval_s`; set the returned event to stop it.
-    None where the C library has no malloc_trim."""
-    trim = _malloc_trim()
+    With `pin_threshold` (the ONNX Runtime backend), first `pin_mmap_threshold()`. None where the C
+    library has no malloc_trim."""
+    if pin_threshold:
+        pin_mmap_threshold()
+    trim = _libc_function("malloc_trim")
     if trim is None:
         return None
     stop = threading.Event()
