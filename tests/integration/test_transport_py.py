@@ -159,3 +159,43 @@ def _read_all(s: socket.socket, timeout_s: float) -> bytes:
     while chunk := s.recv(1 << 16):
         out += chunk
     return out
+
+
+def test_an_over_long_token_array_is_refused_without_being_decoded(running):
+    """A `"tokens"` array over 64 x max_sequence_length is refused by its count, its integers never made
+    into objects at once (frontends/json_body.py). Decoded whole, the four raised the peak by 33 MiB
+    over baseline (+10 undecoded, measured here), and pymalloc kept arenas of such objects after (refused 1M-id bodies: +6% to
+    +18% of py-http's resident memory, docs/bench/mmap-threshold_2026-12-07/). Resident memory is sampled
+    from outside while four such bodies, each under the module's 4 MiB body limit, are refused in turn."""
+    server = kind(running, HTTP)
+    import threading
+
+    import httpx
+    from rmscore_tools.observe import rss_mb
+
+    n = 500_000
+    body = b'{"truncation":"left","sequences":[{"tokens":[' + b",".join(
+        b"%d" % (1000 + i % 20000) for i in range(n)) + b"]}]}"
+    assert len(body) < 4 * MiB
+    pid, peak, done = server.proc.pid, [0.0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss_mb(pid))
+            time.sleep(0.002)
+
+    time.sleep(1)
+    base = rss_mb(pid)
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        for _ in range(4):
+            r = httpx.post(server.base_url + "/rmscore/v1/score", content=body, timeout=30,
+                           headers={"content-type": "application/json"})
+            assert r.status_code == 422, r.text
+            assert r.json()["error"]["message"].startswith(f"sequences[0].tokens.ids: length {n} exceeds"), r.text
+    finally:
+        done.set()
+        sampler.join()
+    # The body itself (3.4 MB) is held two or three times over: its chunks, the joined bytes, the pieces.
+    assert peak[0] - base < 18, f"peak +{peak[0] - base:.1f} MiB over {base:.0f} MiB"

@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import httpx
 import pytest
 from fastapi import FastAPI
+from pydantic import ValidationError
 
+from rmscore.core.errors import ScoreError
+from rmscore.core.validation import INPUT_FACTOR, Limits, Validator
 from rmscore.frontends import json_body
+from rmscore.frontends.http_models import ScoreIn
 
 BIG = json.dumps({"id": "big", "tokens": [[12345] * 512] * 400}).encode()  # ~2.6 MB
 
@@ -68,3 +73,85 @@ def test_bad_json_is_refused_as_before_whatever_its_size():
         r = asyncio.run(send(content))
         assert r.status_code == 422, r.text
         assert r.json()["detail"][0]["type"] == "json_invalid", r.text
+
+
+# ---- over-long token arrays on the score route: refused by their length, never decoded ----------
+
+VALIDATOR = Validator(Limits(max_sequence_length=8, vocab_size=1000, max_sequences_per_request=16))
+IDS_LIMIT = INPUT_FACTOR * 8
+
+
+def body_of(seqs: list, **extra) -> bytes:
+    return json.dumps({"sequences": seqs, "truncation": "left", **extra}).encode()
+
+
+def refusal(doc) -> str:
+    """The message the route's model and the core's validator give `doc`, as the route would."""
+    try:
+        req = ScoreIn.model_validate(doc)
+        VALIDATOR.request([s.seq_input() for s in req.sequences], req.truncation)
+    except ScoreError as e:
+        return e.message
+    except ValidationError as e:
+        return str(e.errors()[0]["loc"]) + e.errors()[0]["type"]
+    return "accepted"
+
+
+def test_an_over_long_array_is_not_decoded_and_gets_the_refusal_it_always_got():
+    seqs = [{"tokens": [3] * 5}, {"tokens": list(range(100, 100 + IDS_LIMIT + 1))}]
+    body = body_of(seqs)
+    doc = json_body.decode(body, IDS_LIMIT)
+    assert doc["sequences"][0]["tokens"] == [3] * 5
+    assert isinstance(doc["sequences"][1]["tokens"], str)  # the marker: no int objects made
+    assert len(ScoreIn.model_validate(doc).sequences[1].tokens) == IDS_LIMIT + 1
+    assert refusal(doc) == refusal(json.loads(body))
+    assert refusal(doc).startswith(f"sequences[1].tokens.ids: length {IDS_LIMIT + 1} exceeds {IDS_LIMIT}")
+    many = body_of([{"tokens": list(range(70_000))}])  # counted in several pieces
+    assert len(many) > 4 * json_body._PIECE_BYTES
+    assert len(ScoreIn.model_validate(json_body.decode(many, IDS_LIMIT)).sequences[0].tokens) == 70_000
+
+
+def test_arrays_within_the_limit_or_not_plain_integers_decode_as_json_does():
+    n = IDS_LIMIT + 1
+    cases = [
+        body_of([{"tokens": [7] * IDS_LIMIT}]),  # at the limit: validated as ever
+        body_of([{"tokens": [7.0] * n}]), body_of([{"tokens": [7] * (n - 1) + ["7"]}]),
+        body_of([{"tokens": [[7]] * n}]), body_of([{"tokens": [7] * (n - 1) + [True]}]),
+        body_of([{"tokens": [7] * n}]).replace(b"7, 7", b"07, 7", 1),  # not JSON: json's own error below
+        # a trailing comma just where a piece ends (json_body._PIECE_BYTES), and one anywhere
+        b'{"sequences": [{"tokens": [' + b"7," * n + b"1" + b"2" * json_body._PIECE_BYTES + b",]}]}",
+        body_of([{"tokens": [7] * n}]).replace(b"]", b", ]", 1),
+        # "tokens" inside strings: a quote in a string is escaped, so none of these is a key
+        body_of([{"prompt": ', "tokens": [' + "1," * n + "1]", "response": "x"}]),
+        body_of([{"prompt": '{"tokens":[' + "1," * n + "1]}", "response": "x"}]),
+        # a key named "tokens" elsewhere: decoded as it is, refused by the model as before
+        body_of([{"tokens": [1]}], extra={"tokens": [1] * n}),
+    ]
+    for body in cases:
+        if json_body.without_over_long_ids(body, IDS_LIMIT) is not None:
+            assert body == cases[-1], body[:80]  # replaced only where the model refuses the key anyway
+            assert refusal(json_body.decode(body, IDS_LIMIT)) == refusal(json.loads(body))
+            continue
+        try:
+            expected = json.loads(body)
+        except ValueError as e:
+            with pytest.raises(type(e), match=re.escape(str(e))):
+                json_body.decode(body, IDS_LIMIT)
+            continue
+        assert json_body.decode(body, IDS_LIMIT) == expected
+
+
+def test_a_malformed_body_gets_json_errors_own_message_and_character():
+    body = body_of([{"tokens": [7] * (IDS_LIMIT + 1)}])[:-1] + b"x}"  # broken after the array
+    with pytest.raises(json.JSONDecodeError) as want:
+        json.loads(body)
+    with pytest.raises(json.JSONDecodeError) as got:
+        json_body.decode(body, IDS_LIMIT)
+    assert (got.value.msg, got.value.pos) == (want.value.msg, want.value.pos)
+
+
+def test_a_client_cannot_send_the_marker():
+    """Only this process knows the marker's random part: a guessed one is a string where ids belong."""
+    forged = "rmscore-over-long-ids-" + "0" * 32 + ":5"
+    assert refusal({"sequences": [{"tokens": forged}]}) == refusal({"sequences": [{"tokens": "x"}]})
+    assert "list_type" in refusal({"sequences": [{"tokens": forged}]})

@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from rmscore.core.errors import Code, ScoreError
 from rmscore.core.liveness import now_us
 from rmscore.core.scoring import SERVING, ScoringCore
+from rmscore.core.validation import INPUT_FACTOR
 from rmscore.frontends import http_middleware, json_body, openrlhf, reward_text, vllm_api
 from rmscore.frontends.http_errors import error_response, refusal, vllm_error_response
 from rmscore.frontends.http_models import ScoreIn, ScoreOut
@@ -87,7 +88,9 @@ def create_app(core: ScoringCore, chat_template=None) -> FastAPI:
     """The FastAPI app over `core`; `chat_template`: the --chat-template of the framework routes
     (a reward_text.ChatTemplate)."""
     app = FastAPI(title="rmscore", description="Reward-model scoring (same contract as the gRPC servers)")
-    app.router.route_class = json_body.route_class()  # large bodies decode off the event loop
+    # Large bodies decode off the event loop; the score route's over-long token arrays not at all.
+    app.router.route_class = json_body.route_class(
+        {SCORE_PATH: INPUT_FACTOR * core.validator.limits.max_sequence_length})
 
     _error_handlers(app, core)
 

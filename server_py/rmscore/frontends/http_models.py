@@ -7,11 +7,19 @@ beside their routes (`vllm_protocol.py`, `openrlhf.py`).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidatorFunctionWrapHandler, WrapValidator
 
 from rmscore.core.validation import SeqInput
+from rmscore.frontends.json_body import OverLongIds
+
+
+def _ids_or_over_long(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """The array decoding left undecoded for its length (json_body.py) as `OverLongIds`, which
+    the validator refuses by that length; any other value validated, and refused, as before."""
+    over_long = OverLongIds.parse(value)
+    return handler(value) if over_long is None else over_long
 
 
 class SequenceIn(BaseModel):
@@ -19,7 +27,7 @@ class SequenceIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     # Strict: "101", 101.0 and true are not token ids (lax mode read them as 101, 101, 1).
-    tokens: list[StrictInt] | None = None
+    tokens: Annotated[list[StrictInt] | None, WrapValidator(_ids_or_over_long)] = None
     prompt: str | None = None
     response: str | None = None
 

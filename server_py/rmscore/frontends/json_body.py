@@ -10,12 +10,22 @@ request waits for at most one decoding, not for all of them.
 The hook is FastAPI's own (a custom `APIRoute` whose `Request.json()` is replaced): FastAPI still
 decides when a body is JSON and maps a decoding error (`json.JSONDecodeError`, `RecursionError`,
 `UnicodeDecodeError` are raised from the thread unchanged) exactly as before.
+
+On the score route, a `"tokens"` array of more ids than any sequence may send (64 x the model's
+maximum, docs/contract.md) is not decoded: it is refused whatever it holds, and decoding it made a
+million int objects. Python's allocator gives their 1 MiB arenas back only once every object in them
+is freed, and objects made meanwhile pinned them: py-http stayed 6-18% over its baseline after a
+flood of refused 1M-id bodies (docs/bench/attacks_2026-12-07/). `without_over_long_ids` puts in its
+place a string that only this process can write, holding the array's length, and the request model
+turns it into `OverLongIds`, whose length the validator refuses with the message it always gave.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
+import secrets
 from typing import Any, Callable, Coroutine
 
 from fastapi import Request, Response
@@ -26,25 +36,127 @@ from fastapi.routing import APIRoute
 THREAD_DECODE_MIN_BYTES = 64 << 10
 
 
+#: Starts the string that stands for an over-long array: random per process, so no client can send one.
+OVER_LONG_MARKER = "rmscore-over-long-ids-" + secrets.token_hex(16) + ":"
+
+# A key "tokens" opening an array: found with bytes.find, not a regex scan (that cost 200 ms on a 7 MB
+# body, holding the GIL). After `{` or `,`, and with unescaped quotes, it cannot be inside a string: a
+# quote in a string is escaped, so a match is a key of an object (or the body is malformed, and then
+# `decode` answers the original body's own error).
+_KEY = b'"tokens"'
+_KEY_TO_ARRAY = re.compile(rb'"tokens"[ \t\n\r]*:[ \t\n\r]*\[')
+_WHITESPACE = b" \t\n\r"
+#: How far back from the key to look for the `{` or `,` before it; past that, the body decodes as ever.
+_LOOK_BACK_BYTES = 64
+#: An over-long array is checked in pieces of about this many bytes, each decoded by `json` itself and
+#: dropped: exact JSON, no million objects alive at once, and the GIL free between pieces.
+_PIECE_BYTES = 64 << 10
+
+
+def _int_count(span: bytes) -> int | None:
+    """How many integers `span` (an array's inside) holds when it is JSON integers and nothing else;
+    None when it is anything else, malformed included."""
+    if span.translate(None, b"0123456789,-" + _WHITESPACE):
+        return None  # strings, fractions, nesting, true...: not ours to judge
+    n, at = 0, 0
+    while True:
+        cut = span.find(b",", at + _PIECE_BYTES)
+        try:
+            piece = json.loads(b"[" + (span[at:] if cut < 0 else span[at:cut]) + b"]")
+        except ValueError:
+            return None
+        # Empty: a trailing comma. "1e5" and "1.0" cannot pass the translate above, but be sure.
+        if not piece or not all(type(x) is int for x in piece):
+            return None
+        n += len(piece)
+        if cut < 0:
+            return n
+        at = cut + 1
+
+
+class OverLongIds:
+    """A token-id array of `length` ids, over what any sequence may send: its length, not its ids."""
+
+    __slots__ = ("length",)
+
+    def __init__(self, length: int):
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    @classmethod
+    def parse(cls, value: Any) -> "OverLongIds | None":
+        """The array a marker string stands for; None for any other value."""
+        if isinstance(value, str) and value.startswith(OVER_LONG_MARKER):
+            return cls(int(value[len(OVER_LONG_MARKER):]))
+        return None
+
+
+def without_over_long_ids(body: bytes, limit: int) -> bytes | None:
+    """`body` with each `"tokens"` array of more than `limit` integers replaced by a marker string
+    holding its length (`OverLongIds.parse`); None when it has none."""
+    parts, at, pos = [], 0, body.find(_KEY)
+    while pos >= 0:
+        key, pos = pos, body.find(_KEY, pos + len(_KEY))
+        before = body[max(0, key - _LOOK_BACK_BYTES):key].rstrip(_WHITESPACE)
+        m = _KEY_TO_ARRAY.match(body, key)
+        if not before or before[-1:] not in (b"{", b",") or m is None:
+            continue
+        start = m.end()
+        end = body.find(b"]", start)
+        # The comma count first: cheap, so only arrays that long are read.
+        if end < 0 or body.count(b",", start, end) < limit:
+            continue
+        n = _int_count(body[start:end])
+        if n is None or n <= limit:
+            continue
+        parts += [body[at:start - 1], b'"%s%d"' % (OVER_LONG_MARKER.encode(), n)]
+        at = end + 1
+        if pos >= 0 and pos < at:
+            pos = body.find(_KEY, at)
+    if not parts:
+        return None
+    parts.append(body[at:])
+    return b"".join(parts)
+
+
+def decode(body: bytes, ids_limit: int | None = None) -> Any:
+    """`json.loads(body)`, with `"tokens"` arrays of more than `ids_limit` ids left undecoded
+    (`without_over_long_ids`). A malformed body raises exactly what `json.loads` raises on it."""
+    if ids_limit is not None:
+        lean = without_over_long_ids(body, ids_limit)
+        if lean is not None:
+            try:
+                return json.loads(lean)
+            except (ValueError, RecursionError):  # its own error, at its own character, below
+                pass
+    return json.loads(body)
+
+
 class _ThreadDecodedRequest(Request):
-    """A request whose `json()` decodes a large body on a worker thread, behind `gate`."""
+    """A request whose `json()` decodes a large body on a worker thread, behind `gate`; with
+    `ids_limit`, over-long token arrays undecoded (`decode`)."""
 
     gate: asyncio.Semaphore
+    ids_limit: int | None = None
 
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             body = await self.body()
+            # An array over the limit is at least 2 bytes per id: over 64 KiB, so only on the thread.
             if len(body) < THREAD_DECODE_MIN_BYTES:
                 self._json = json.loads(body)
             else:
                 async with self.gate:  # one at a time: each holds the GIL while it decodes
-                    self._json = await asyncio.to_thread(json.loads, body)
+                    self._json = await asyncio.to_thread(decode, body, self.ids_limit)
         return self._json
 
 
-def route_class() -> type[APIRoute]:
+def route_class(ids_limits: dict[str, int] | None = None) -> type[APIRoute]:
     """An `APIRoute` for one app (`app.router.route_class = route_class()` before adding routes):
-    its routes decode large JSON bodies on a worker thread, one at a time in the whole app."""
+    its routes decode large JSON bodies on a worker thread, one at a time in the whole app.
+    `ids_limits`: route path -> the most ids a `"tokens"` array may hold; longer ones stay undecoded."""
     gate = asyncio.Semaphore(1)  # bound to the server's loop on first use (Python >= 3.10)
 
     class GatedRequest(_ThreadDecodedRequest):
@@ -55,9 +167,12 @@ def route_class() -> type[APIRoute]:
     class ThreadDecodedRoute(APIRoute):
         def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
             handler = super().get_route_handler()
+            limit = (ids_limits or {}).get(self.path)
+            request_class = GatedRequest if limit is None else \
+                type("IdsLimitedRequest", (GatedRequest,), {"ids_limit": limit})
 
             async def handle(request: Request) -> Response:
-                return await handler(GatedRequest(request.scope, request.receive))
+                return await handler(request_class(request.scope, request.receive))
             return handle
 
     return ThreadDecodedRoute
