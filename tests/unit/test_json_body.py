@@ -119,7 +119,7 @@ def test_arrays_within_the_limit_or_not_plain_integers_decode_as_json_does():
         body_of([{"tokens": [[7]] * n}]), body_of([{"tokens": [7] * (n - 1) + [True]}]),
         body_of([{"tokens": [7] * n}]).replace(b"7, 7", b"07, 7", 1),  # not JSON: json's own error below
         # a trailing comma just where a piece ends (json_body._PIECE_BYTES), and one anywhere
-        b'{"sequences": [{"tokens": [' + b"7," * n + b"1" + b"2" * json_body._PIECE_BYTES + b",]}]}",
+        b'{"sequences": [{"tokens": [' + b"7," * n + b"1" + b" " * json_body._PIECE_BYTES + b",]}]}",
         body_of([{"tokens": [7] * n}]).replace(b"]", b", ]", 1),
         # "tokens" inside strings: a quote in a string is escaped, so none of these is a key
         body_of([{"prompt": ', "tokens": [' + "1," * n + "1]", "response": "x"}]),
