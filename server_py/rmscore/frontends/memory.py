@@ -16,10 +16,11 @@ it, and a stream of them pays one collection per interval. Two, because the requ
 arrives: one still being decoded or refused when the first collection runs (a 7 MiB JSON body takes
 a few hundred milliseconds on a busy 2-core machine) is collected by the second, `TRIM_INTERVAL_S` later.
 
-Trimming alone left 6-18% over baseline after floods of multi-MiB requests (refused 1M-id sequences,
-15 MiB texts), because glibc raises its mmap threshold each time it frees an mmapped block, up to
-32 MiB: after the first such request, the next ones' buffers come from the heap, where the small
-allocations made between them pin their pages. So on the ONNX Runtime backend the threshold is pinned
+Trimming alone left up to 17% over baseline after floods of multi-MiB requests (refused 1M-id
+sequences, 15 MiB texts). Part of that is glibc's: it raises its mmap threshold each time it frees an
+mmapped block, up to 32 MiB, so after the first such request the next ones' buffers come from the
+heap, where the small allocations made between them pin its pages. (The rest, on py-http, was
+pymalloc's arenas of decoded token ids: json_body.py no longer decodes an over-long array.) So on the ONNX Runtime backend the threshold is pinned
 at `MMAP_THRESHOLD_BYTES`: a buffer that large that the heap has no free room for is mapped on its
 own, and freeing it unmaps it.
 Not on the torch backends: their activations are plain mallocs (ONNX Runtime keeps its own arena), and
@@ -39,8 +40,9 @@ import threading
 TRIM_INTERVAL_S = 3.0
 #: A request this large (bytes on the wire) makes the next trims collect garbage first.
 LARGE_REQUEST_BYTES = 1 << 20
-#: On the ONNX Runtime backend, an allocation this large or larger is always mmapped, so it is unmapped
-#: when freed (the module's docstring says why); glibc's own default moves between 128 KiB and 32 MiB.
+#: On the ONNX Runtime backend, an allocation this large or larger that the heap has no free room for
+#: is mmapped, so it is unmapped when freed (the module's docstring says why); glibc's own default
+#: moves between 128 KiB and 32 MiB.
 MMAP_THRESHOLD_BYTES = LARGE_REQUEST_BYTES
 #: mallopt's parameter number for the mmap threshold (glibc's malloc.h).
 _M_MMAP_THRESHOLD = -3
