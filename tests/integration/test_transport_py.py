@@ -8,11 +8,14 @@ request with both Content-Length and Transfer-Encoding. The attacks are rmscore_
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
+import httpx
 import pytest
 
 import servers
+from rmscore_tools.observe import rss_mb
 from rmscore_tools.reliability import faults, transport
 
 GRPC, HTTP = "py-grpc-onnxruntime", "py-http-onnxruntime"
@@ -168,11 +171,6 @@ def test_an_over_long_token_array_is_refused_without_being_decoded(running):
     +18% of py-http's resident memory, docs/bench/mmap-threshold_2026-12-07/). Resident memory is sampled
     from outside while four such bodies, each under the module's 4 MiB body limit, are refused in turn."""
     server = kind(running, HTTP)
-    import threading
-
-    import httpx
-    from rmscore_tools.observe import rss_mb
-
     n = 500_000
     body = b'{"truncation":"left","sequences":[{"tokens":[' + b",".join(
         b"%d" % (1000 + i % 20000) for i in range(n)) + b"]}]}"

@@ -144,7 +144,9 @@ class _ThreadDecodedRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             body = await self.body()
-            # An array over the limit is at least 2 bytes per id: over 64 KiB, so only on the thread.
+            # An array over the limit is at least 2 bytes per id: past 64 KiB wherever max_sequence_length
+            # is 512 or more (the default model's), so only the thread checks. A shorter model's
+            # over-long array may decode here, as before: under 64 KiB, too small to matter.
             if len(body) < THREAD_DECODE_MIN_BYTES:
                 self._json = json.loads(body)
             else:
