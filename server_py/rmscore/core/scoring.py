@@ -355,25 +355,25 @@ class ScoringCore:
     async def score_ids(self, seqs: list[list[int]], deadline_s: float | None) -> Result:
         return await self.submit_ids(seqs, deadline_s)
 
-    def submit_ids(self, seqs: list[list[int]], deadline_s: float | None) -> Awaitable[Result]:
+    def submit_ids(self, seqs: list[list[int]], deadline_s: float | None) -> asyncio.Future:
         """Queues validated ids now or raises the refusal now (RESOURCE_EXHAUSTED, UNAVAILABLE); the
-        awaitable returned gives the Result, and cancelling it drops the sequences. Call on the loop."""
+        future returned gives the Result, and cancelling it drops the sequences. Call on the loop."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
 
         def done(outcome) -> None:
-            loop.call_soon_threadsafe(settle, fut, outcome)
+            try:
+                loop.call_soon_threadsafe(settle, fut, outcome)
+            except RuntimeError:  # the loop has closed (the process is ending): nobody awaits it
+                pass
 
         job = Job(seqs, deadline_s, done, CALLER.get())  # its sequences take its caller's turns
         self.batcher.submit(job)  # the batcher keeps the in-flight gauge, as in the C++ server
-        return self._result(job, fut)
-
-    async def _result(self, job: Job, fut: asyncio.Future) -> Result:
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            self.batcher.cancel(job)
-            raise
+        # A callback on the future, not an `except CancelledError` in a coroutine around it: a part of
+        # `_score_in_parts` cancelled before its task first ran never entered such a coroutine, so its
+        # sequences stayed queued and the model scored them for a request already refused.
+        fut.add_done_callback(lambda f: self.batcher.cancel(job) if f.cancelled() else None)
+        return fut
 
     async def score_in_parts(self, items: list[SeqInput], truncation: str) -> list[float]:
         """The scores, in order, of a request that may hold more sequences than the queue takes and
@@ -408,7 +408,7 @@ class ScoringCore:
             for part in seqs:
                 while True:
                     try:
-                        tasks.append(asyncio.ensure_future(self.submit_ids(part, None)))
+                        tasks.append(self.submit_ids(part, None))
                         break
                     except ScoreError as e:
                         waiting = [t for t in tasks if not t.done()]
