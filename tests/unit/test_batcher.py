@@ -629,7 +629,9 @@ def test_on_refined_hands_over_the_refined_table_once_per_quiet_spell_after_batc
     # The server keeps the table the batches refined for its next start (core/cost_profile.py): told at
     # the quiet spell after a burst, with how many batches refined it; not again until more ran.
     seen: list[tuple] = []
-    cost = CostTable.make([1, 2], [4, 8], [[100, 200], [150, 300]])
+    # Costs far above the stand-in's runs (microseconds), so refining changes the table whatever the
+    # machine's load: at 100 us a cell, runs near 100 us left the refined table equal to this one.
+    cost = CostTable.make([1, 2], [4, 8], [[100_000, 200_000], [150_000, 300_000]])
     h = Harness(max_batch_size=1, mode=COST_AWARE, cost=cost, on_refined=lambda t, n: seen.append((t, n)),
                 idle_release_us=300_000)
     for i in (1, 2, 3):
