@@ -237,6 +237,21 @@ def test_truncate_prompt_tokens_as_vllm(http):
     assert r.status_code == 400 and "max_model_len (512)" in r.json()["error"]["message"]
 
 
+def test_ids_over_the_sent_bound_are_refused_whether_or_not_truncate_prompt_tokens_cuts_them(http):
+    # docs/contract.md, "Input bounds": at most 64 x max_sequence_length ids a sequence, truncation or
+    # not. Before, truncate_prompt_tokens cut them first: 2.5M ids a request were scored, six such
+    # bodies took the server from 381 to 806 MB, and the bytes budget counted the 512 kept.
+    ids = [2000 + i % 500 for i in range(64 * 512 + 1)]
+    want = ("sequences[0].tokens.ids: length 32769 exceeds 32768, the most a sequence may send even with "
+            "truncation (64 x max_sequence_length 512); cut it before sending")
+    for route, body in (("/classify", {"input": [ids]}), ("/classify", {"input": [ids], "truncate_prompt_tokens": 512}),
+                        ("/pooling", {"input": ids, "truncate_prompt_tokens": 10})):
+        r = http.post(route, json=body)
+        assert r.status_code == 400 and r.json()["error"]["message"] == want, (route, body.keys(), r.text[:300])
+    r = http.post("/classify", json={"input": [ids[:64 * 512]], "truncate_prompt_tokens": 8})
+    assert r.status_code == 200, r.text[:300]  # at the bound, cut as asked
+
+
 
 def test_fields_vllm_honours_or_refuses_are_not_ignored(http):
     """Before: dimensions, normalize, encoding_format, priority and task were accepted and ignored.

@@ -295,13 +295,15 @@ class ScoringCore:
         if refused is not None:
             raise refused
 
-    @contextlib.contextmanager
     def holding(self, items: list[SeqInput]):
         """Counts the bytes `items` hold against --max-queued-request-bytes until the block ends (the
         request is answered), or raises its refusal, RESOURCE_EXHAUSTED, before anything is queued
         (admission.py HeldBytes). After check_admission, before validation: docs/contract.md's order."""
-        nbytes = sum(request_bytes(_length(it.tokens), _length(it.text[0]) + _length(it.text[1]) if it.text else 0)
-                     for it in items)
+        return self.holding_bytes(sent_bytes(items))
+
+    @contextlib.contextmanager
+    def holding_bytes(self, nbytes: int):
+        """`holding` for `nbytes` counted by the caller (a route that tokenizes: its request as sent)."""
         refused = self.held.hold(nbytes)
         if refused is not None:
             raise refused
@@ -387,16 +389,21 @@ class ScoringCore:
         Parts used to go through `score`, which validates a large part on a thread before queueing
         it, so every part of a 5000-query request was submitted at once and the later ones were
         refused by the work bound: 429 after 1.1 s, and OpenRLHF stops training after five retries."""
-        return await self.score_prepared(lambda: _ready(items), truncation)
+        return await self.score_prepared(lambda: _ready(items), truncation, sent_bytes(items))
 
-    async def score_prepared(self, prepare: Callable[[], Awaitable[list[SeqInput]]], truncation: str) -> list[float]:
+    async def score_prepared(self, prepare: Callable[[], Awaitable[list[SeqInput]]], truncation: str,
+                             nbytes: int) -> list[float]:
         """`score_in_parts` for a route that makes its inputs itself (OpenRLHF's and vLLM's, with
         their own encoders): the one call such a route makes. Admission comes first, so a refusal
-        costs no tokenizing; then `prepare()` makes the inputs (its tokenizing on `self.tokenizing`:
-        counted by admission, stopped when the caller goes); then they are fed in parts."""
+        costs no tokenizing; then the request's bytes as sent (`nbytes`: `sent_bytes` of its texts
+        and ids, before tokenizing or any cut) are held; then `prepare()` makes the inputs (its
+        tokenizing on `self.tokenizing`: counted by admission, stopped when the caller goes); then
+        they are fed in parts. Counted after prepare, the bytes were those of the ids it made, cut
+        to the model's window: 32 KiB for eight 100,000-character queries on /get_reward, which hold
+        800 KB until answered."""
         self.check_admission(None)
-        items = await prepare()
-        with self.holding(items):
+        with self.holding_bytes(nbytes):
+            items = await prepare()
             return await self._score_in_parts(items, truncation)
 
     async def _score_in_parts(self, items: list[SeqInput], truncation: str) -> list[float]:
@@ -460,6 +467,25 @@ class ScoringCore:
         frontends/process.py, then leaves without tearing the interpreter down under it)."""
         loading = self._loader is not None and self._loader.is_alive()  # SIGTERM came mid-load/warm-up
         return bool(loading or (self.batcher and self.batcher.running()))
+
+
+def sent_bytes(items) -> int:
+    """What `items` are counted as holding (admission.py request_bytes): a SeqInput by its token ids
+    or its text; a route's raw input by its kind: a list of token ids, a text, a (prompt, response)
+    pair, or anything with `texts()` (a conversation)."""
+    n = 0
+    for it in items:
+        if isinstance(it, SeqInput):
+            n += request_bytes(_length(it.tokens), _length(it.text[0]) + _length(it.text[1]) if it.text else 0)
+        elif isinstance(it, list):
+            n += request_bytes(len(it))
+        elif isinstance(it, str):
+            n += len(it)
+        elif isinstance(it, tuple):
+            n += sum(map(_length, it))
+        else:
+            n += sum(map(_length, it.texts()))
+    return n
 
 
 def _length(x) -> int:

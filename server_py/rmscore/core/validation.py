@@ -114,14 +114,19 @@ class Validator:
             raise invalid(f"{where}: no input set, send tokens or text")
         return self._fit(ids, truncation, where)
 
+    def check_sent_ids(self, n: int, where: str) -> None:
+        """INVALID_ARGUMENT for a sequence of `n` token ids over INPUT_FACTOR windows, truncation or not:
+        what a route that cuts ids itself (vLLM's truncate_prompt_tokens) checks before its cut."""
+        m = self.limits.max_sequence_length
+        if n > INPUT_FACTOR * m:
+            raise invalid(f"{where}.tokens.ids: length {n} exceeds {INPUT_FACTOR * m}, the most a sequence "
+                          f"may send even with truncation ({INPUT_FACTOR} x max_sequence_length {m}); cut it "
+                          "before sending")
+
     def _ids(self, tokens: Sequence[int], where: str) -> list[int]:
         if len(tokens) == 0:
             raise invalid(f"{where}.tokens.ids: empty sequence")
-        m = self.limits.max_sequence_length
-        if len(tokens) > INPUT_FACTOR * m:
-            raise invalid(f"{where}.tokens.ids: length {len(tokens)} exceeds {INPUT_FACTOR * m}, the most a sequence "
-                          f"may send even with truncation ({INPUT_FACTOR} x max_sequence_length {m}); cut it "
-                          "before sending")
+        self.check_sent_ids(len(tokens), where)
         vocab = self.limits.vocab_size
         # One list first: a protobuf repeated field makes a new int object for every id on every
         # pass, so min, max and a copy over it cost three times one list. min and max are then C

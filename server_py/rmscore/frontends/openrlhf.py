@@ -36,7 +36,7 @@ from rmscore.core.errors import ScoreError, invalid
 from rmscore.core.runtime import progress
 from rmscore.core.tokenizing import check_chars, pieces
 from rmscore.core.validation import SeqInput, check_unicode
-from rmscore.core.scoring import ScoringCore
+from rmscore.core.scoring import ScoringCore, sent_bytes
 from rmscore.frontends.http_errors import refusal
 from rmscore.frontends.reward_text import Encoder, split_query
 
@@ -131,7 +131,9 @@ def register(app: FastAPI, core: ScoringCore, encoder: Encoder) -> None:
                 core.metrics.request("OK", time.perf_counter() - t0)
                 return {"rewards": [], "scores": [], "extra_logs": {}}
             # One call into the core: admission, then tokenizing (so a refusal costs none), then parts.
-            scores = await core.score_prepared(lambda: tokenize(body), "left")
+            # Held as sent, a byte per character, from before tokenizing until answered.
+            nbytes = sent_bytes(body.query) + sent_bytes(body.prompts or [])
+            scores = await core.score_prepared(lambda: tokenize(body), "left", nbytes)
         except ScoreError as e:
             return refusal(core, e, t0)
         core.metrics.request("OK", time.perf_counter() - t0)

@@ -46,7 +46,7 @@ import numpy as np
 from fastapi import FastAPI, Request, Response
 
 from rmscore.core.errors import ScoreError, invalid
-from rmscore.core.scoring import SERVING, ScoringCore
+from rmscore.core.scoring import SERVING, ScoringCore, sent_bytes
 from rmscore.core.validation import SeqInput, check_unicode
 from rmscore.frontends.http_errors import refusal
 from rmscore.frontends.reward_text import Conversation, Encoder, encode_counted
@@ -178,6 +178,8 @@ class VllmRoutes:
                     check_unicode(s, f"input[{i}]")
             if not it or it == ("", ""):
                 raise invalid(f"input[{i}]: empty input")
+            if isinstance(it, list):  # before truncate_prompt_tokens cuts it, as the core checks uncut ids
+                self.core.validator.check_sent_ids(len(it), f"sequences[{i}]")
         self.check_truncation(body)
         tokens = 0
 
@@ -190,7 +192,7 @@ class VllmRoutes:
             return [SeqInput(tokens=x) for x in ids]
 
         # One call into the core: admission first (a refusal costs no tokenizing), then prepare, then parts.
-        return await self.core.score_prepared(prepare, "left"), tokens
+        return await self.core.score_prepared(prepare, "left", sent_bytes(items)), tokens
 
     async def score_pairs(self, first: list[str], second: list[str], names: tuple[str, str],
                           body: ScoringIn) -> tuple[list, int]:
@@ -210,7 +212,7 @@ class VllmRoutes:
             tokens = sum(map(len, ids))
             return [SeqInput(tokens=x) for x in ids]
 
-        return await self.core.score_prepared(prepare, "left"), tokens
+        return await self.core.score_prepared(prepare, "left", chars), tokens
 
     def rerank_response(self, body: RerankIn, values: list[float], tokens: int, request: Request) -> dict:
         """vLLM's RerankResponse: every document with its index and text, best first (a stable sort:
