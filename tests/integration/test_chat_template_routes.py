@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 import servers
+from rmscore.core.tokenizing import default_max_text_chars
 from rmscore_client.adapters.trl import rmscore_async_reward, rmscore_reward
 from test_adapters import trl_calculate_rewards
 from test_client import GRPC_KINDS, HTTP_KIND, assert_scores, ort_scores, shared_server
@@ -113,6 +114,28 @@ def test_vllm_chat_options_refused_as_vllm_refuses_them(templated):
     ]:
         r = templated.post("/classify", json={"messages": CONVERSATION, **body})
         assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+
+
+def test_a_conversation_over_the_text_cap_is_refused_on_every_route_that_renders_it(templated):
+    # --max-text-chars bounds the text tokenized: a conversation is one text once rendered. Before,
+    # /classify and /pooling checked each message alone and scored three of 60,000 characters (one
+    # 180,021-character text for the tokenizer) that /tokenize refused.
+    cap = default_max_text_chars(512)  # the default model's window; the server sets no --max-text-chars
+    messages = [{"role": "user", "content": "a " * 30000}] * 3
+    total = sum(len(m["content"]) for m in messages)
+    for route in ("/classify", "/pooling"):
+        r = templated.post(route, json={"messages": messages})
+        assert r.status_code == 400, (route, r.text[:300])
+        assert r.json()["error"]["message"] == (f"messages: {total} characters exceed max_text_chars {cap}; cut "
+                                                "the text before sending (or send token ids)"), route
+    r = templated.post("/tokenize", json={"messages": messages})
+    assert r.status_code == 400 and "characters exceed max_text_chars" in r.json()["error"]["message"]
+    # Within the cap by the messages, over it once the template's own text is added: the rendered
+    # text is checked too, before it is tokenized.
+    near = [{"role": "user", "content": "a" * (cap // 2)}, {"role": "assistant", "content": "a" * (cap - cap // 2)}]
+    r = templated.post("/classify", json={"messages": near})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("messages: "), r.text[:300]
+    assert "characters exceed max_text_chars" in r.json()["error"]["message"]
 
 
 def test_messages_without_a_template_are_refused_as_vllm_refuses_them():

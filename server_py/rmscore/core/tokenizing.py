@@ -54,8 +54,13 @@ def default_max_text_chars(max_sequence_length: int) -> int:
 
 def check_chars(text: str, cap: int, where: str) -> None:
     """INVALID_ARGUMENT when `text` is longer than `cap` characters: a length check, no reading."""
-    if len(text) > cap:
-        raise invalid(f"{where}: {len(text)} characters exceed max_text_chars {cap}; cut the text before sending "
+    check_char_count(len(text), cap, where)
+
+
+def check_char_count(n: int, cap: int, where: str) -> None:
+    """`check_chars` for `n` characters counted by the caller (a conversation's messages together)."""
+    if n > cap:
+        raise invalid(f"{where}: {n} characters exceed max_text_chars {cap}; cut the text before sending "
                       "(or send token ids)")
 
 

@@ -32,7 +32,7 @@ from rmscore_client.chat import ChatTemplate, ChatTemplateError, special_tokens
 
 from rmscore.core.config import ConfigError, ServeConfig
 from rmscore.core.errors import invalid
-from rmscore.core.tokenizing import check_chars, encode_ids
+from rmscore.core.tokenizing import check_char_count, check_chars, encode_ids
 
 #: The shortest tail of a prompt that counts as "the prompt, cut from the left" in a query: shorter
 #: tails (a word, a space) would match by chance anywhere.
@@ -203,9 +203,14 @@ class Encoder:
             raise invalid(f"messages: {e}") from None
 
     def check(self, item, where: str = "input") -> None:
-        """INVALID_ARGUMENT when a text of `item` is over max_chars: lengths only, nothing read."""
-        texts = item.texts() if isinstance(item, Conversation) else item if isinstance(item, tuple) else (item,)
-        for text in texts:
+        """INVALID_ARGUMENT when a text of `item` is over max_chars: lengths only, nothing read. A
+        conversation is one text once rendered, so its messages count together ("messages", as
+        /tokenize says of the rendered text): three messages of 60,000 characters each were scored
+        on /classify while /tokenize refused them."""
+        if isinstance(item, Conversation):
+            check_char_count(sum(map(len, item.texts())), self.max_chars, "messages")
+            return
+        for text in item if isinstance(item, tuple) else (item,):
             check_chars(text, self.max_chars, where)
 
     def encode_one(self, item: tuple[str, str] | str, add_special_tokens: bool = True) -> list[int]:
@@ -225,6 +230,7 @@ class Encoder:
                 groups.setdefault(False, []).append(k)
             elif isinstance(it, Conversation):  # rendered text, special tokens as the caller says (vLLM: none)
                 inputs.append(self.render_conversation(it))
+                self.check(inputs[-1], "messages")  # the template's own text counts too, as on /tokenize
                 groups.setdefault(add_special_tokens, []).append(k)
             else:
                 inputs.append(it)
