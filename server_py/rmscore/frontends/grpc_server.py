@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 import time
+import traceback
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -156,7 +158,13 @@ class RewardModelServicer(reward_pb2_grpc.RewardModelServicer):
                 resp = reward_pb2.ScoreStreamResponse(id=item.id, score=r.scores[0], timings=_timings(r),
                                                       model_version=self.core.repo.version)
                 code = "OK"
-            except ScoreError as e:
+            except Exception as e:  # noqa: BLE001 - every item gets its one answer, a fault's included
+                if not isinstance(e, ScoreError):
+                    # Unanswered, the item's failure ended the reader without its end marker, and the
+                    # stream hung until the client's deadline.
+                    print(f"rmscore: stream item {item.id!r} failed:", file=sys.stderr, flush=True)
+                    traceback.print_exc()
+                    e = ScoreError(Code.INTERNAL, f"internal error: {type(e).__name__}: {e}")
                 resp = reward_pb2.ScoreStreamResponse(
                     id=item.id, error=reward_pb2.Error(code=e.code.number, message=e.message),
                     model_version=self.core.repo.version)
