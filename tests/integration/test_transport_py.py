@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 import servers
-from rmscore_tools.observe import rss_mb
+from rmscore_tools.observe import metric, rss_mb
 from rmscore_tools.reliability import faults, transport
 
 GRPC, HTTP = "py-grpc-onnxruntime", "py-http-onnxruntime"
@@ -197,3 +197,44 @@ def test_an_over_long_token_array_is_refused_without_being_decoded(running):
         sampler.join()
     # The body itself (3.4 MB) is held two or three times over: its chunks, the joined bytes, the pieces.
     assert peak[0] - base < 18, f"peak +{peak[0] - base:.1f} MiB over {base:.0f} MiB"
+
+
+def _chunked_over(port: int, nbytes: int) -> bytes:
+    """A chunked POST /rmscore/v1/score of `nbytes` of body: the server's answer (it closes after)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"POST /rmscore/v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n")
+        chunk = b" " * (1 << 16)
+        try:
+            for _ in range(nbytes // len(chunk)):
+                s.sendall(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+        except OSError:  # refused and closed under the write
+            pass
+        return _read_all(s, 10)
+
+
+def test_each_refused_body_is_counted_once_by_its_own_code(running):
+    # rmscore_requests_total counts requests answered, by code. FastAPI turned every read a middleware
+    # aborted into a 400, which was counted INVALID_ARGUMENT: a chunked 413 counted as INVALID_ARGUMENT
+    # only, a 408 twice, a client gone mid-body as a malformed body; a Content-Length 413 not at all.
+    server = kind(running, HTTP)
+
+    def counts():
+        return {c: metric(server, "rmscore_requests_total", code=c)
+                for c in ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED")}
+
+    before = counts()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:  # by Content-Length
+        s.sendall(b"POST /rmscore/v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % (5 * MiB))
+        assert _read_all(s, 10).startswith(b"HTTP/1.1 413 ")
+    assert _chunked_over(server.port, 5 * MiB).startswith(b"HTTP/1.1 413 ")
+    s = transport._stall_http(server.port, 1 * MiB, timeout_s=10)  # 408 after body_timeout_seconds
+    assert _read_all(s, 10).startswith(b"HTTP/1.1 408 ")
+    s.close()
+    s = transport._stall_http(server.port, 1 * MiB, timeout_s=10)  # the client goes mid-body
+    s.close()
+    time.sleep(0.5)
+    after = counts()
+    assert {c: after[c] - before[c] for c in after} == \
+        {"INVALID_ARGUMENT": 0, "RESOURCE_EXHAUSTED": 2, "DEADLINE_EXCEEDED": 1}, (before, after)

@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from rmscore.core.errors import Code, ScoreError
 from rmscore.core.liveness import now_us
@@ -74,8 +75,13 @@ def _error_handlers(app: FastAPI, core: ScoringCore) -> None:
         if exc.status_code != 400:
             return await http_exception_handler(request, exc)
         _drop_tracebacks(exc)
-        core.metrics.request(Code.INVALID_ARGUMENT.name, None)
         cause = exc.__cause__
+        if isinstance(cause, (http_middleware.BodyAborted, ClientDisconnect)):
+            # Not a malformed body: a middleware refused it, and counts and answers it (413, 408), or the
+            # client went mid-body, with nobody left to answer. Counted here, each was INVALID_ARGUMENT
+            # as well (a 408 twice), and a client's disconnect a malformed body.
+            return error_response(Code.INVALID_ARGUMENT, "body: not read")  # never sent
+        core.metrics.request(Code.INVALID_ARGUMENT.name, None)
         reason = ("not UTF-8 text" if isinstance(cause, UnicodeDecodeError) else
                   "nested too deeply" if isinstance(cause, RecursionError) else exc.detail)
         if is_vllm(request):

@@ -32,7 +32,7 @@ def wrap(app, cfg: ServeConfig, core: ScoringCore):
     handler it cancels."""
     asgi = BodyBudget(CancelOnDisconnect(app), cfg.body_timeout_seconds, cfg.max_buffered_request_bytes, core)
     asgi = RefuseBeforeBody(asgi, core, routes(app))
-    asgi = LimitBody(asgi, cfg.max_request_bytes)
+    asgi = LimitBody(asgi, cfg.max_request_bytes, core)
     if cfg.auth_token:
         asgi = TokenCheck(asgi, cfg.auth_token, core)
     return OneFraming(asgi)
@@ -70,7 +70,12 @@ class RefuseBeforeBody:
         return await self.app(scope, receive, send)
 
 
-class _BodyTooLarge(Exception):
+class BodyAborted(Exception):
+    """A middleware stopped the app's body read and answers the request itself (413, 408), counted
+    there: FastAPI turns the aborted read into a 400 that http_app must neither answer nor count."""
+
+
+class _BodyTooLarge(BodyAborted):
     pass
 
 
@@ -78,10 +83,11 @@ class LimitBody:
     """ASGI middleware: refuse bodies over max_request_bytes with 413 before parsing them, by
     Content-Length, or, for a chunked body, by the bytes read so far (it was read and parsed whole)."""
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int, core: ScoringCore):
+        self.app, self.limit, self.core = app, limit, core
 
     def _refuse(self, what: str) -> JSONResponse:
+        self.core.metrics.request(Code.RESOURCE_EXHAUSTED.name, None)
         return error_response(Code.RESOURCE_EXHAUSTED, f"body of {what} bytes exceeds max_request_bytes {self.limit}",
                               status=413)
 
@@ -140,7 +146,7 @@ class OneFraming:
         return await self.app(scope, receive, send)
 
 
-class _BodyRefused(Exception):
+class _BodyRefused(BodyAborted):
     pass
 
 
