@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import math
 import pathlib
+import time
 
 import httpx
 import pytest
@@ -257,10 +258,38 @@ def test_vllm_score_and_rerank_pairs_render_as_vllm_with_a_chat_template(repo, h
         with httpx.Client(base_url=s.base_url, timeout=60) as c:
             score = c.post("/score", json={"text_1": query, "text_2": docs, "use_activation": False})
             rerank = c.post("/rerank", json={"query": query, "documents": docs, "use_activation": False})
+        seen = _tokenize_queue_while(s, "/rerank", {"query": "why is the sky blue " * 5000,
+                                                    "documents": [f"document {k}" for k in range(16)]})
     finally:
         s.stop(10)
+    # Rendered whole, each pair tokenizes the query again: admission counts every pair's characters
+    # (before: the distinct texts', 100,000 for 16 x 100,000 tokenized).
+    assert seen >= 16 * 100_000, seen
     want = [vllm_score_pair_reference(hf_tok, query, d) for d in docs]
     assert score.status_code == 200, score.text
     assert_scores([d["score"] for d in score.json()["data"]], want)
     assert rerank.status_code == 200, rerank.text
     assert_scores([r["relevance_score"] for r in sorted(rerank.json()["results"], key=lambda r: r["index"])], want)
+
+
+def _tokenize_queue_while(server, route: str, body: dict) -> float:
+    """The most rmscore_tokenize_queue_characters read while `route` answers `body` (polled every 20 ms)."""
+    import threading
+
+    from rmscore_tools.observe import metric
+
+    done = threading.Event()
+
+    def send():
+        try:
+            assert httpx.post(server.base_url + route, json=body, timeout=120).status_code == 200
+        finally:
+            done.set()
+    t = threading.Thread(target=send)
+    t.start()
+    most = 0.0
+    while not done.is_set():
+        most = max(most, metric(server, "rmscore_tokenize_queue_characters"))
+        time.sleep(0.02)
+    t.join()
+    return most

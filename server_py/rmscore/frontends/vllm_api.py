@@ -50,7 +50,7 @@ from rmscore.core.scoring import SERVING, ScoringCore, sent_bytes
 from rmscore.core.validation import SeqInput, check_unicode
 from rmscore.frontends.http_errors import refusal
 from rmscore.frontends.reward_text import Conversation, Encoder, encode_counted
-from rmscore.frontends.vllm_pairs import broadcast, encode_pairs
+from rmscore.frontends.vllm_pairs import broadcast, encode_pairs, tokenized_chars
 from rmscore.frontends.vllm_protocol import (ClassifyIn, PoolingIn, RerankIn, ScoreIn, ScoringIn, TokenizeIn,
                                               VllmRequest)
 
@@ -201,18 +201,19 @@ class VllmRoutes:
         is tokenized once (vllm_pairs.py), off the event loop."""
         pairs = broadcast(first, second, self.core.cfg.max_sequences_per_request, names)
         self.check_truncation(body)
-        chars = sum(map(len, {t for pair in pairs for t in pair}))  # each distinct text runs once
+        held = sum(map(len, {t for pair in pairs for t in pair}))  # the body holds each text once
         tokens = 0
 
         async def prepare() -> list[SeqInput]:
             nonlocal tokens
             ids = await self.core.tokenizing.run([(lambda: encode_pairs(self.encoder, pairs, body.max_tokens_per_query,
-                                                                         body.max_tokens_per_doc, names), chars)], None)
+                                                                         body.max_tokens_per_doc, names),
+                                                   tokenized_chars(self.encoder, pairs))], None)
             ids = [self._cut(x, body) for x in ids]
             tokens = sum(map(len, ids))
             return [SeqInput(tokens=x) for x in ids]
 
-        return await self.core.score_prepared(prepare, "left", chars), tokens
+        return await self.core.score_prepared(prepare, "left", held), tokens
 
     def rerank_response(self, body: RerankIn, values: list[float], tokens: int, request: Request) -> dict:
         """vLLM's RerankResponse: every document with its index and text, best first (a stable sort:
