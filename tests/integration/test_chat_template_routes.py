@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import math
 import pathlib
+import threading
 import time
 
 import httpx
@@ -22,6 +23,7 @@ import pytest
 
 import servers
 from rmscore.core.tokenizing import default_max_text_chars
+from rmscore_tools.observe import metric
 from rmscore_client.adapters.trl import rmscore_async_reward, rmscore_reward
 from test_adapters import trl_calculate_rewards
 from test_client import GRPC_KINDS, HTTP_KIND, assert_scores, ort_scores, shared_server
@@ -274,10 +276,6 @@ def test_vllm_score_and_rerank_pairs_render_as_vllm_with_a_chat_template(repo, h
 
 def _tokenize_queue_while(server, route: str, body: dict) -> float:
     """The most rmscore_tokenize_queue_characters read while `route` answers `body` (polled every 20 ms)."""
-    import threading
-
-    from rmscore_tools.observe import metric
-
     done = threading.Event()
 
     def send():

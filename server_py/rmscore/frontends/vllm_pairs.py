@@ -12,6 +12,8 @@ tokens. (Assembling tokenizers Encodings instead was no cheaper: a cut Encoding 
 
 from __future__ import annotations
 
+import functools
+
 from rmscore.core.errors import invalid
 from rmscore.core.tokenizing import shared_ids
 from rmscore.core.validation import check_unicode
@@ -60,7 +62,7 @@ def encode_pairs(encoder: Encoder, pairs: list[tuple[str, str]], first_max: int 
                 stripped[text] = encoder.strip(text)
         if pair == ("", ""):
             raise invalid(f"{names[0]}/{names[1]}[{i}]: empty pair")
-    layout = None if encoder.template is not None else pair_layout(encoder.plain)
+    layout = _layout(encoder)
     if layout is None:
         return _whole_pairs(encoder, pairs, stripped, first_max, second_max)
     prefix, middle, suffix = layout
@@ -96,9 +98,20 @@ def tokenized_chars(encoder: Encoder, pairs: list[tuple[str, str]]) -> int:
     read), each distinct pair's two texts. Counting distinct texts there, a 130 KB query with 64
     documents was admitted as 130k characters and tokenized 64 times (10.8 s, unstoppable), and a
     probe behind two such requests waited 11.5 s."""
-    if encoder.template is None and pair_layout(encoder.plain) is not None:
+    if _layout(encoder) is not None:
         return sum(map(len, {t for pair in pairs for t in pair}))
     return sum(len(a) + len(b) for a, b in set(pairs))
+
+
+def _layout(encoder: Encoder) -> tuple[list[int], list[int], list[int]] | None:
+    """The layout `encode_pairs` puts texts in, None where it encodes pairs whole (--chat-template)."""
+    return None if encoder.template is not None else _cached_layout(encoder.plain)
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_layout(tok) -> tuple[list[int], list[int], list[int]] | None:
+    """`pair_layout` once per tokenizer (40 us, asked twice a /score request, once on the event loop)."""
+    return pair_layout(tok)
 
 
 def pair_layout(tok) -> tuple[list[int], list[int], list[int]] | None:
