@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 
 import httpx
 import pytest
@@ -155,3 +156,69 @@ def test_a_client_cannot_send_the_marker():
     forged = "rmscore-over-long-ids-" + "0" * 32 + ":5"
     assert refusal({"sequences": [{"tokens": forged}]}) == refusal({"sequences": [{"tokens": "x"}]})
     assert "list_type" in refusal({"sequences": [{"tokens": forged}]})
+
+
+def test_no_spelling_of_the_key_lets_an_over_long_array_decode():
+    """Whitespace before the key, at any length, is still found; a key with an escaped letter, or a body
+    in UTF-16, is refused with a message saying so (json.loads reads both as the same key, and decoded
+    whole such an array kept py-http 95 MB over its baseline)."""
+    over = "[" + ",".join(["7"] * (IDS_LIMIT + 1)) + "]"
+    for gap in (" " * 65, "\n\t " * 3000):
+        body = ('{"sequences": [{' + gap + '"tokens": ' + over + '}], "truncation": "left"}').encode()
+        doc = json_body.decode(body, IDS_LIMIT)
+        assert isinstance(doc["sequences"][0]["tokens"], str), gap[:4]  # the marker
+        assert refusal(doc) == refusal(json.loads(body))
+    for key in ("\\u0074okens", "t\\u006Fkens", "token\\u0073"):
+        body = ('{"sequences": [{"' + key + '": ' + over + '}], "truncation": "left"}').encode()
+        assert len(json.loads(body)["sequences"][0]["tokens"]) == IDS_LIMIT + 1  # the same key to json
+        with pytest.raises(json.JSONDecodeError, match="escapes an ASCII letter") as e:
+            json_body.decode(body, IDS_LIMIT)
+        assert body[e.value.pos:e.value.pos + 2] == b"\\u"
+    utf16 = body_of([{"tokens": [7] * (IDS_LIMIT + 1)}]).decode().encode("utf-16")
+    with pytest.raises(json.JSONDecodeError, match="must be UTF-8"):
+        json_body.decode(utf16, IDS_LIMIT)
+    # Decoded as json.loads does: an escaped backslash before "u0074" (text, not an escape), and an
+    # escaped letter or UTF-16 where no array can be over the limit (fewer commas than it).
+    cases = [body_of([{"tokens": [7] * (IDS_LIMIT + 1)}], extra={"note": "\\u0074"}),
+             body_of([{"tokens": [7] * 3}], extra={"note": "t"}).replace(b'"t"', b'"\\u0074"'),
+             body_of([{"tokens": [7] * 3}]).decode().encode("utf-16")]
+    assert b'\\\\u0074' in cases[0] and b'"\\u0074"' in cases[1]
+    for body in cases:
+        try:
+            expected = json.loads(body)
+        except ValueError as e:  # the first: refused by its length, as before
+            pytest.fail(f"{body[:60]}: {e}")
+        got = json_body.decode(body, IDS_LIMIT)
+        assert refusal(got) == refusal(expected), body[:60]
+
+
+def test_the_gate_is_held_until_the_decoding_thread_ends(monkeypatch):
+    """A client gone mid-decode cancels its handler; its body goes on decoding on the worker thread,
+    so the next large body must still wait for it (one decoding at a time)."""
+    started, release = threading.Event(), threading.Event()
+
+    def slow_decode(body, limit):
+        started.set()
+        release.wait(10)
+        return {"id": "late"}
+
+    monkeypatch.setattr(json_body, "decode", slow_decode)
+
+    async def go():
+        gated = type("Gated", (json_body._ThreadDecodedRequest,), {"gate": asyncio.Semaphore(1)})
+        request = gated({"type": "http", "method": "POST", "headers": []})
+        request._body = b" " * json_body.THREAD_DECODE_MIN_BYTES
+        waiting = asyncio.create_task(request.json())
+        await asyncio.to_thread(started.wait, 10)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert gated.gate.locked(), "the gate was given back while the thread still decodes"
+        release.set()
+        for _ in range(500):
+            if not gated.gate.locked():
+                break
+            await asyncio.sleep(0.01)
+        assert not gated.gate.locked(), "the gate was not given back when the thread ended"
+
+    asyncio.run(go())

@@ -18,6 +18,8 @@ is freed, and objects made meanwhile pinned them: py-http stayed 6-18% over its 
 flood of refused 1M-id bodies (docs/bench/attacks_2026-12-07/). `without_over_long_ids` puts in its
 place a string that only this process can write, holding the array's length, and the request model
 turns it into `OverLongIds`, whose length the validator refuses with the message it always gave.
+The search reads bytes, so a body that could hold such an array must spell its keys as bytes: UTF-8,
+no letter of "tokens" escaped (`_check_spelling`; an escaped key kept py-http 95 MB over its baseline).
 """
 
 from __future__ import annotations
@@ -93,15 +95,58 @@ class OverLongIds:
         return None
 
 
+def _byte_before(body: bytes, at: int) -> bytes:
+    """The last byte before `at` that is not JSON whitespace (b"" when none). Looked for in windows
+    that double, so a long run of whitespace costs C-speed passes, not a Python step per byte."""
+    size = _LOOK_BACK_BYTES
+    while True:
+        start = max(0, at - size)
+        before = body[start:at].rstrip(_WHITESPACE)
+        if before or start == 0:
+            return before[-1:]
+        at, size = start, size * 2
+
+
+#: `\u` escapes of the letters of "tokens" (hex digits in either case). No JSON encoder escapes an
+#: ASCII letter, and a key spelled with one is the same key to `json.loads` but not to the byte search.
+_ESCAPED_KEY_LETTERS = tuple(b"\\u%04x" % ord(c) for c in "tokens") + \
+    tuple(b"\\u%04X" % ord(c) for c in "tokens" if (b"%04x" % ord(c)) != (b"%04X" % ord(c)))
+
+
+#: How many escape-like texts (`\\u0074`) a large body may hold before it is refused all the same.
+_MOST_LITERAL_ESCAPES = 1000
+
+
+def _check_spelling(body: bytes) -> None:
+    """Refuse a body the byte search cannot read as `json.loads` would: one not in UTF-8 (RFC 8259
+    8.1 requires it between systems; `json.loads` also takes UTF-16 and UTF-32) or one escaping a
+    letter of "tokens". Either would let an over-long array be decoded whole."""
+    if json.detect_encoding(body) != "utf-8":
+        raise json.JSONDecodeError("a body this large must be UTF-8 (RFC 8259, section 8.1)", "", 0)
+    looked = 0
+    for escape in _ESCAPED_KEY_LETTERS:
+        at = body.find(escape)
+        while at >= 0:
+            # After an escaped backslash (`\\u0074`) it is text, not an escape: the run of backslashes
+            # ending at `at` is odd for an escape. Text like that is rare; past a bound it is refused too.
+            run = body[max(0, at - 64):at + 1]
+            looked += 1
+            if (len(run) - len(run.rstrip(b"\\"))) % 2 or looked > _MOST_LITERAL_ESCAPES:
+                raise json.JSONDecodeError(
+                    f"{escape.decode()} escapes an ASCII letter; in a body this large, send letters as they are",
+                    "", at)
+            at = body.find(escape, at + 1)
+
+
 def without_over_long_ids(body: bytes, limit: int) -> bytes | None:
     """`body` with each `"tokens"` array of more than `limit` integers replaced by a marker string
     holding its length (`OverLongIds.parse`); None when it has none."""
     parts, at, pos = [], 0, body.find(_KEY)
     while pos >= 0:
         key, pos = pos, body.find(_KEY, pos + len(_KEY))
-        before = body[max(0, key - _LOOK_BACK_BYTES):key].rstrip(_WHITESPACE)
+        before = _byte_before(body, key)
         m = _KEY_TO_ARRAY.match(body, key)
-        if not before or before[-1:] not in (b"{", b",") or m is None:
+        if before not in (b"{", b",") or m is None:
             continue
         start = m.end()
         end = body.find(b"]", start)
@@ -124,7 +169,9 @@ def without_over_long_ids(body: bytes, limit: int) -> bytes | None:
 def decode(body: bytes, ids_limit: int | None = None) -> Any:
     """`json.loads(body)`, with `"tokens"` arrays of more than `ids_limit` ids left undecoded
     (`without_over_long_ids`). A malformed body raises exactly what `json.loads` raises on it."""
-    if ids_limit is not None:
+    # Fewer commas than the limit: no array in the body can be over it.
+    if ids_limit is not None and body.count(b",") >= ids_limit:
+        _check_spelling(body)
         lean = without_over_long_ids(body, ids_limit)
         if lean is not None:
             try:
@@ -150,9 +197,27 @@ class _ThreadDecodedRequest(Request):
             if len(body) < THREAD_DECODE_MIN_BYTES:
                 self._json = json.loads(body)
             else:
-                async with self.gate:  # one at a time: each holds the GIL while it decodes
-                    self._json = await asyncio.to_thread(decode, body, self.ids_limit)
+                self._json = await self._decode_behind_gate(body)
         return self._json
+
+    async def _decode_behind_gate(self, body: bytes) -> Any:
+        """`decode(body)` on a worker thread, one at a time: each holds the GIL while it decodes. The
+        gate is given back when the thread ends, not when the caller stops waiting: a client gone
+        mid-decode cancels its handler, and the next body must not start decoding beside it."""
+        await self.gate.acquire()
+        try:
+            running = asyncio.get_running_loop().run_in_executor(None, decode, body, self.ids_limit)
+        except BaseException:
+            self.gate.release()
+            raise
+
+        def ended(f: asyncio.Future) -> None:
+            self.gate.release()
+            if not f.cancelled():
+                f.exception()  # retrieved: a caller that went away does not want it logged
+
+        running.add_done_callback(ended)
+        return await asyncio.shield(running)
 
 
 def route_class(ids_limits: dict[str, int] | None = None) -> type[APIRoute]:
