@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import socket
 
 import numpy as np
 
@@ -32,3 +33,18 @@ class Caller(caller.Caller):
     def __init__(self, server):
         super().__init__(server.transport, caller.target_of(server))
         self.server = server
+
+
+def expect_continue_refused(port: int, path: str, length: int = 1000) -> tuple[bytes, bool]:
+    """Headers of a POST announcing `length` bytes with `Expect: 100-continue`, and no body: (the answer's
+    head, whether the server closed the connection after it within 5 s)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\nExpect: 100-continue\r\n\r\n" % (path.encode(), length))
+        answer = b""
+        try:
+            while chunk := sock.recv(1 << 16):
+                answer += chunk
+        except TimeoutError:
+            return answer.partition(b"\r\n\r\n")[0], False
+    return answer.partition(b"\r\n\r\n")[0], True

@@ -27,6 +27,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+import harness
 import servers
 from harness import GOLDEN_IDS as ALL_GOLDEN_IDS
 from harness import GOLDEN_SCORES as ALL_GOLDEN_SCORES
@@ -298,6 +299,11 @@ def test_token_without_tls(kind, creds):
         else:
             http_refusals(s.base_url, True, {})
             assert httpx.get(f"{s.base_url}/readyz", timeout=10).status_code == 200
+            # A client that waits for 100 Continue before its body is told the connection closes:
+            # otherwise the server waited for that body and took the next request on it as the body.
+            head, closed = harness.expect_continue_refused(s.port, "/rmscore/v1/score")
+            assert head.startswith(b"HTTP/1.1 401 ") and b"connection: close" in head.lower(), head
+            assert closed, "the connection stayed open after the 401"
         with client_for(s, auth_token=creds.token) as c:
             assert np.abs(np.array(c.score_ids(GOLDEN_IDS).scores) - GOLDEN_SCORES).max() <= TOL
             assert c.info().name == "default"

@@ -14,6 +14,7 @@ import time
 import httpx
 import pytest
 
+import harness
 import servers
 from rmscore_tools.observe import metric, rss_mb
 from rmscore_tools.reliability import faults, transport
@@ -138,6 +139,15 @@ def test_bodies_past_the_budget_are_refused_at_once(running):
         first.close()
     time.sleep(0.3)  # the server sees the close and releases the budget: a good request fits again
     assert faults._probe_score(transport.caller.Caller.to(server), transport.PROBE_IDS, 10)[0] == "OK"
+
+
+def test_a_body_refused_by_its_length_before_100_continue_closes_the_connection(running):
+    """`Expect: 100-continue` and a Content-Length over max_request_bytes: 413 and the connection closed.
+    Before, it stayed open waiting for a body that no 100 asked for (the next request became that body)."""
+    server = kind(running, HTTP)
+    head, closed = harness.expect_continue_refused(server.port, "/rmscore/v1/score", 5 * MiB)
+    assert head.startswith(b"HTTP/1.1 413 ") and b"connection: close" in head.lower(), head
+    assert closed, "the connection stayed open after the 413"
 
 
 @pytest.mark.parametrize("name", [GRPC, HTTP])

@@ -38,6 +38,16 @@ def wrap(app, cfg: ServeConfig, core: ScoringCore):
     return OneFraming(asgi)
 
 
+def closing_if_body_awaited(scope, resp: JSONResponse) -> JSONResponse:
+    """`resp`, a refusal made before the body is read, with `Connection: close` when the client sent
+    `Expect: 100-continue`: it waits to send its body, which no 100 will ask for now, so the server would
+    wait for it until the body deadline and take the next request as that body. Closing says so (RFC
+    9110 10.1.1), and there is no body to reset."""
+    if any(k == b"expect" for k, _ in scope.get("headers") or ()):
+        resp.headers["Connection"] = "close"
+    return resp
+
+
 class RefuseBeforeBody:
     """ASGI middleware: a POST to a route that queues work (`http_routes.routes(app).queueing`, read from
     the app's routes) is refused with that route's
@@ -62,11 +72,7 @@ class RefuseBeforeBody:
                     self.core.check_before_body(tokenizes)
                 except ScoreError as e:
                     resp = refusal(self.core, e, t0, vllm=scope["path"] in self.routes.vllm)
-                    if any(k == b"expect" for k, _ in scope.get("headers") or ()):
-                        # 100-continue: the client waits to send its body, which no 100 will ask for
-                        # now; closing says so (RFC 9110 10.1.1), and there is no body to reset.
-                        resp.headers["Connection"] = "close"
-                    return await resp(scope, receive, send)
+                    return await closing_if_body_awaited(scope, resp)(scope, receive, send)
         return await self.app(scope, receive, send)
 
 
@@ -96,7 +102,7 @@ class LimitBody:
             return await self.app(scope, receive, send)
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and int(length) > self.limit:
-            return await self._refuse(str(int(length)))(scope, receive, send)
+            return await closing_if_body_awaited(scope, self._refuse(str(int(length))))(scope, receive, send)
         if length is not None:
             note_request_bytes(int(length))
         seen = 0
@@ -291,5 +297,5 @@ class TokenCheck:
                 self.core.metrics.request(Code.UNAUTHENTICATED.name, 0.0)
                 resp = error_response(Code.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
                 resp.headers["WWW-Authenticate"] = "Bearer"
-                return await resp(scope, receive, send)
+                return await closing_if_body_awaited(scope, resp)(scope, receive, send)
         return await self.app(scope, receive, send)
