@@ -235,6 +235,15 @@ def test_truncate_prompt_tokens_as_vllm(http):
     assert_scores([kept[None], kept["right"], kept["left"]], [right, right, left])
     r = http.post("/classify", json={"input": "x", "truncate_prompt_tokens": 513})
     assert r.status_code == 400 and "max_model_len (512)" in r.json()["error"]["message"]
+    # 0 keeps nothing: refused on either side, ids or text (before: the left kept every id and scored
+    # them, the right an empty sequence, refused as empty).
+    for route, body in (("/classify", {"input": [101, 2000, 3000, 102]}), ("/pooling", {"input": "x y"}),
+                        ("/score", {"text_1": "q", "text_2": ["d"]})):
+        for side in ("left", "right"):
+            r = http.post(route, json={**body, "truncate_prompt_tokens": 0, "truncation_side": side})
+            err = r.json()["error"]
+            assert r.status_code == 400 and err["message"].startswith("truncate_prompt_tokens: 0 keeps no tokens"), \
+                (route, side, r.text)
 
 
 def test_ids_over_the_sent_bound_are_refused_whether_or_not_truncate_prompt_tokens_cuts_them(http):

@@ -146,8 +146,14 @@ class VllmRoutes:
         return base64.b64encode(raw.tobytes()).decode("ascii")
 
     def check_truncation(self, body: VllmRequest) -> None:
-        """vLLM refuses a truncate_prompt_tokens above the model's maximum (400)."""
+        """vLLM refuses a truncate_prompt_tokens above the model's maximum (400). 0 keeps no tokens:
+        vLLM's renderer (vllm/entrypoints/renderer.py, RenderConfig) then renders no prompt at all and
+        answers no results, which a trainer zipping rewards to rollouts would not notice until later;
+        here it is refused, on either truncation side."""
         k, most = body.truncate_prompt_tokens, self.core.repo.max_sequence_length
+        if k == 0:
+            raise invalid("truncate_prompt_tokens: 0 keeps no tokens, so nothing would be scored; "
+                          "send a positive value, or -1 for the model's maximum")
         if k is not None and k > most:
             raise invalid(f"truncate_prompt_tokens: {k} is greater than the model's max_model_len ({most}); "
                           "send a smaller value, or -1 for the maximum")
