@@ -178,6 +178,17 @@ def test_malformed_json_is_422(server):
         with pytest.raises(CallError) as e:
             c.post(None, raw=raw)
         assert e.value.code == "INVALID_ARGUMENT" and where in e.value.message, e.value
+    # A JSON body without a JSON Content-Type (curl -d sends a form's) is not decoded: the answer says
+    # that the header is what is wrong (before: "body: Input should be a valid dictionary ...").
+    good = json.dumps({"sequences": [{"tokens": [101, 102]}]}).encode()
+    for ctype in ("", "application/x-www-form-urlencoded", "text/plain"):
+        r = c.http("POST", "/rmscore/v1/score", good, headers={"content-type": ctype})
+        assert r.status_code == 422, r.text
+        message = r.json()["error"]["message"]
+        assert message.startswith("body: not read as JSON: Content-Type is ") and \
+            "send Content-Type: application/json" in message and repr(ctype or "missing") in message, message
+    assert c.http("POST", "/rmscore/v1/score", good, headers={"content-type": "application/json; charset=utf-8"}) \
+        .status_code == 200
 
 
 # ---- overload and deadlines ---------------------------------------------------------------

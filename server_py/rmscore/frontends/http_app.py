@@ -50,6 +50,12 @@ def _drop_tracebacks(exc: BaseException) -> None:
         exc = exc.__cause__ or exc.__context__
 
 
+def _says_json(content_type: str | None) -> bool:
+    """Whether FastAPI decodes a body of this Content-Type as JSON (application/json or */*+json)."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 def _error_handlers(app: FastAPI, core: ScoringCore) -> None:
     """Malformed bodies answered in the contract's shape (422 INVALID_ARGUMENT, the field named), or in
     vLLM's on its routes, and counted: FastAPI's own answers are 422/400 {"detail": ...}."""
@@ -61,6 +67,12 @@ def _error_handlers(app: FastAPI, core: ScoringCore) -> None:
         if first["type"] == "json_invalid":
             reason = (first.get("ctx") or {}).get("error", first["msg"])
             where, message = "body", f"body: malformed JSON at character {first['loc'][-1]}: {reason}"
+        elif tuple(first["loc"]) == ("body",) and not _says_json(request.headers.get("content-type")):
+            # FastAPI reads a body as JSON only when its Content-Type says so (curl -d sends a form's):
+            # its "Input should be a valid dictionary" does not say that the header is what is wrong.
+            where = "body"
+            message = (f"body: not read as JSON: Content-Type is {request.headers.get('content-type', 'missing')!r}; "
+                       "send Content-Type: application/json")
         else:
             where = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
             message = f"{where}: {first['msg']}"
