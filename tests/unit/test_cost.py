@@ -2,6 +2,7 @@
 
 import json
 import random
+import threading
 
 import pytest
 
@@ -74,6 +75,33 @@ def test_a_refined_table_is_kept_with_its_measurement_and_counted(tmp_path):
         doc = json.loads(path.read_text())
         assert doc["refined_batches"] == 4 and "measured_at" not in doc
         assert cost_profile.load(path, IDENTITY) == (model.table, 1)
+
+
+def test_refinements_saved_from_several_threads_at_once_all_count(tmp_path):
+    """Two model workers' idle spells, or one and the stop, save at once (batcher on_refined): each save
+    reads, adds its batches and writes, so without one save at a time batches were lost, or a save
+    found the shared temporary file already moved and failed."""
+    path = tmp_path / "p.json"
+    cost_profile.save(path, table(), IDENTITY, 1.5)
+    threads, saves = 6, 40
+    start = threading.Barrier(threads)
+    failed: list[BaseException] = []
+
+    def worker():
+        start.wait()
+        for _ in range(saves):
+            try:
+                cost_profile.save_refined(path, table(), IDENTITY, 1)
+            except BaseException as e:  # noqa: BLE001 - reported below
+                failed.append(e)
+
+    running = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in running:
+        t.start()
+    for t in running:
+        t.join()
+    assert not failed, failed[:3]
+    assert json.loads(path.read_text())["refined_batches"] == threads * saves
 
 
 def test_a_profile_round_trips(tmp_path):

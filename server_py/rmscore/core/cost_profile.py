@@ -29,6 +29,7 @@ import json
 import os
 import pathlib
 import re
+import threading
 import time
 from typing import Callable
 
@@ -158,18 +159,24 @@ def save_refined(path: pathlib.Path, table: CostTable, identity: dict, batches: 
     """Writes the table as the batches served refined it (cost.CostModel.observe), so the next start
     plans with what this machine showed under load, not only with its warm-up's few timings: the
     measurement's fields are kept, `refined_batches` counts the batches that refined it since, over
-    every start, and `refined_at` says when. A file that is not this identity's profile is replaced."""
-    try:
-        old = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
-        old = None
-    doc = {"format": FORMAT, "identity": identity, "timing": timing}
-    if isinstance(old, dict) and old.get("format") == FORMAT and old.get("identity") == identity:
-        doc.update({k: old[k] for k in ("measured_seconds", "measured_at") if k in old})
-        prior = old.get("refined_batches")
-        batches += prior if isinstance(prior, int) and prior >= 0 else 0
-    doc.update(refined_batches=batches, refined_at=_now(), table=table.to_json())
-    _write(path, doc)
+    every start, and `refined_at` says when. A file that is not this identity's profile is replaced.
+    One save at a time in this process: two model workers' idle spells (or one and the stop) save at
+    once, and each read-modify-write would drop the other's batches, or find its temporary file gone."""
+    with _SAVING:
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError):
+            old = None
+        doc = {"format": FORMAT, "identity": identity, "timing": timing}
+        if isinstance(old, dict) and old.get("format") == FORMAT and old.get("identity") == identity:
+            doc.update({k: old[k] for k in ("measured_seconds", "measured_at") if k in old})
+            prior = old.get("refined_batches")
+            batches += prior if isinstance(prior, int) and prior >= 0 else 0
+        doc.update(refined_batches=batches, refined_at=_now(), table=table.to_json())
+        _write(path, doc)
+
+
+_SAVING = threading.Lock()
 
 
 def _now() -> str:
