@@ -228,6 +228,17 @@ def a_trunc_over(ctx):
     _tokens(ctx, 2, lambda i: [_ids(1 << 20, i)], "left")
 
 
+def a_trunc_spelled(ctx):
+    """Defect 1 variant (HTTP): a 1M-id sequence as trunc_1M_refused sends it, its key spelled so that a
+    byte search misses it: caller 0 escapes a letter (`"\\u0074okens"`, the same key to JSON), caller 1
+    puts 100 spaces before it. Each must be refused without its million ids decoded (json_body.py)."""
+    def make(i):
+        body = _score_body([{"tokens": _ids(1 << 20, i)}], "left")
+        spelled = b'"\\u0074okens"' if i % 2 == 0 else b" " * 100 + b'"tokens"'
+        return "/rmscore/v1/score", body.replace(b'"tokens"', spelled, 1)
+    _unary_flood(ctx, 2, make)
+
+
 def a_trunc_wide(ctx):
     """Defect 1 variant: 4 callers send 64 sequences of 32768 ids each (16 MiB of int64 ids held per call)."""
     _tokens(ctx, 4, lambda i: [_ids(32768, i + k) for k in range(16)], "right")
@@ -449,6 +460,7 @@ ATTACKS = {
     # name: (function, family, kinds it applies to: None = all)
     "trunc_max_unary": (a_trunc_max, "1 truncation", None),
     "trunc_1M_refused": (a_trunc_over, "1 truncation", None),
+    "trunc_1M_spelled": (a_trunc_spelled, "1 truncation", ("http",)),
     "trunc_16x32k": (a_trunc_wide, "1 truncation", None),
     "trunc_stream": (a_trunc_stream, "1 truncation", ("grpc",)),
     "text_15MiB": (a_text_huge, "3 text", ("py",)),
