@@ -222,3 +222,22 @@ def test_the_gate_is_held_until_the_decoding_thread_ends(monkeypatch):
         assert not gated.gate.locked(), "the gate was not given back when the thread ended"
 
     asyncio.run(go())
+
+
+def test_an_integer_of_too_many_digits_is_placed_and_explained():
+    """json.loads refuses an integer past Python's 4300 digits with a bare ValueError; FastAPI answered it
+    "There was an error parsing the body", with no place. Small and large bodies alike now get a JSON
+    error at the integer, saying why."""
+    async def send(content: bytes) -> httpx.Response:
+        app = app_recording([], gated=True)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            return await c.post("/score", content=content, headers={"content-type": "application/json"})
+
+    digits = b"7" * 5000
+    for pad in (b"", b" " * json_body.THREAD_DECODE_MIN_BYTES):
+        body = b'{"id": "x",' + pad + b' "tokens": [[1, ' + digits + b"]]}"
+        r = asyncio.run(send(body))
+        assert r.status_code == 422, r.text
+        detail = r.json()["detail"][0]
+        assert detail["type"] == "json_invalid" and detail["loc"] == ["body", body.index(digits)], detail
+        assert detail["ctx"]["error"] == "an integer of 5000 digits; at most 4300 are read", detail

@@ -28,6 +28,7 @@ import asyncio
 import json
 import re
 import secrets
+import sys
 from typing import Any, Callable, Coroutine
 
 from fastapi import Request, Response
@@ -181,6 +182,18 @@ def decode(body: bytes, ids_limit: int | None = None) -> Any:
     return json.loads(body)
 
 
+def _too_many_digits(body: bytes, error: ValueError) -> ValueError:
+    """json.loads refuses an integer of more digits than Python converts (sys.get_int_max_str_digits,
+    4300) with a bare ValueError, which FastAPI answers "There was an error parsing the body" with no
+    place; this says where and why, as JSON's own errors do. Anything else is returned as it came."""
+    most = sys.get_int_max_str_digits()
+    found = re.search(rb"[0-9]{%d,}" % (most + 1), body) if most else None
+    if found is None:
+        return error
+    return json.JSONDecodeError(f"an integer of {found.end() - found.start()} digits; at most {most} are read",
+                                "", found.start())
+
+
 class _ThreadDecodedRequest(Request):
     """A request whose `json()` decodes a large body on a worker thread, behind `gate`; with
     `ids_limit`, over-long token arrays undecoded (`decode`)."""
@@ -191,13 +204,18 @@ class _ThreadDecodedRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             body = await self.body()
-            # An array over the limit is at least 2 bytes per id: past 64 KiB wherever max_sequence_length
-            # is 512 or more (the default model's), so only the thread checks. A shorter model's
-            # over-long array may decode here, as before: under 64 KiB, too small to matter.
-            if len(body) < THREAD_DECODE_MIN_BYTES:
-                self._json = json.loads(body)
-            else:
-                self._json = await self._decode_behind_gate(body)
+            try:
+                # An array over the limit is at least 2 bytes per id: past 64 KiB wherever max_sequence_length
+                # is 512 or more (the default model's), so only the thread checks. A shorter model's
+                # over-long array may decode here, as before: under 64 KiB, too small to matter.
+                if len(body) < THREAD_DECODE_MIN_BYTES:
+                    self._json = json.loads(body)
+                else:
+                    self._json = await self._decode_behind_gate(body)
+            except ValueError as e:
+                if isinstance(e, (json.JSONDecodeError, UnicodeDecodeError)):
+                    raise
+                raise _too_many_digits(body, e) from None
         return self._json
 
     async def _decode_behind_gate(self, body: bytes) -> Any:
