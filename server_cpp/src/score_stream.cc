@@ -171,7 +171,12 @@ class StreamCall final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::
   }
 
   void Handle(const std::shared_ptr<v1::ScoreStreamRequest>& item, Clock::time_point start) {
-    grpc::Status s = svc_->AdmissionStatus(deadline_, caller_);
+    // Past deadline_ (the answer-by time, a margin before the call's deadline) an item gets what the alarm
+    // gave the items it found, before anything else is checked, as in Python: the admission check would
+    // pass it on an idle server, and validation then answer an invalid one INVALID_ARGUMENT.
+    grpc::Status s = deadline_ && Clock::now() >= *deadline_
+                         ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, kStreamDeadlineMessage)
+                         : svc_->AdmissionStatus(deadline_, caller_);
     // The item's bytes count until its job and answer callback, which hold it, are gone.
     std::shared_ptr<HeldBytes::Lease> held;
     if (s.ok()) s = svc_->held_bytes()->Acquire(RequestBytes(item->sequence().tokens().ids_size()), &held);

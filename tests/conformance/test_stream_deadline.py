@@ -71,3 +71,25 @@ def test_a_stream_with_time_to_spare_is_scored(server):
     with grpc.insecure_channel(server.target) as ch:
         got = list(pbg.RewardModelStub(ch).ScoreStream(iter(items), timeout=DEADLINE_S))
     assert sorted(a.id for a in got) == ["j0", "j1", "j2"] and all(a.WhichOneof("result") == "score" for a in got), got
+
+
+def test_items_sent_after_the_margin_get_the_same_answer_valid_or_not(server):
+    """An item that arrives once the margin has begun is answered the same way on every kind, before it
+    is validated (admission before validation, docs/contract.md). Before, cpp-grpc validated it first
+    (an empty item got INVALID_ARGUMENT) and refused a valid one with another message."""
+    margin_s = 0.25
+    late = [pb.ScoreStreamRequest(id="late-empty", sequence=pb.Sequence(tokens=pb.TokenIds(ids=[]))),
+            pb.ScoreStreamRequest(id="late-ok", sequence=pb.Sequence(tokens=pb.TokenIds(ids=GOLDEN_IDS[0])))]
+
+    def sent():
+        yield pb.ScoreStreamRequest(id="early", sequence=pb.Sequence(tokens=pb.TokenIds(ids=GOLDEN_IDS[0])))
+        time.sleep(DEADLINE_S - margin_s + 0.05)
+        yield from late
+
+    with grpc.insecure_channel(server.target) as ch:
+        got = {a.id: a for a in pbg.RewardModelStub(ch).ScoreStream(sent(), timeout=DEADLINE_S)}
+    assert got["early"].WhichOneof("result") == "score", got["early"]
+    for item in late:
+        a = got[item.id]
+        assert a.WhichOneof("result") == "error" and a.error.code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0], a
+        assert a.error.message == MESSAGE, a.error.message
