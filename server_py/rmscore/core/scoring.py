@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import pathlib
 import sys
 import threading
@@ -140,6 +141,7 @@ class ScoringCore:
             progress(f"self-check passed: max abs diff {diff:.2e} against the golden scores")
             self._release_memory()  # the self-check's padded batch and the cost profile's grew the arena
             self._baseline_recompiles = self.backend.recompiles()
+            _freeze_what_lives_as_long_as_the_server()
         except Exception as e:  # noqa: BLE001 - any load failure means "never ready", said clearly
             self.failure = str(e)
             progress(f"FAILED to start: {e}")
@@ -494,6 +496,16 @@ def _length(x) -> int:
         return len(x)
     except TypeError:
         return 0
+
+
+def _freeze_what_lives_as_long_as_the_server() -> None:
+    """What is alive once the model is loaded and warm (modules, the model's runtime objects, the
+    tokenizer, the web framework) lives until exit: frozen, the garbage collector no longer walks it at
+    every full collection, each of which holds the GIL. The HTTP server's imports alone are 78,000
+    tracked objects and 15.6 ms a full collection, 0.0 ms frozen; under a stream flood on py-http its
+    full collections took 19-134 ms of wall time (gc callbacks' timings, 2-core Intel Xeon)."""
+    gc.collect()
+    gc.freeze()
 
 
 async def _ready(items: list[SeqInput]) -> list[SeqInput]:
