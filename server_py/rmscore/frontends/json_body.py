@@ -169,29 +169,45 @@ def without_over_long_ids(body: bytes, limit: int) -> bytes | None:
 
 def decode(body: bytes, ids_limit: int | None = None) -> Any:
     """`json.loads(body)`, with `"tokens"` arrays of more than `ids_limit` ids left undecoded
-    (`without_over_long_ids`). A malformed body raises exactly what `json.loads` raises on it."""
-    # Fewer commas than the limit: no array in the body can be over it.
-    if ids_limit is not None and body.count(b",") >= ids_limit:
-        _check_spelling(body)
-        lean = without_over_long_ids(body, ids_limit)
-        if lean is not None:
-            try:
-                return json.loads(lean)
-            except (ValueError, RecursionError):  # its own error, at its own character, below
-                pass
-    return json.loads(body)
+    (`without_over_long_ids`). A malformed body raises exactly what `json.loads` raises on it, but for
+    an integer of more than MOST_INT_DIGITS digits, which gets a JSONDecodeError at its place."""
+    try:
+        # Fewer commas than the limit: no array in the body can be over it.
+        if ids_limit is not None and body.count(b",") >= ids_limit:
+            _check_spelling(body)
+            lean = without_over_long_ids(body, ids_limit)
+            if lean is not None:
+                try:
+                    return json.loads(lean)
+                except (ValueError, RecursionError):  # its own error, at its own character, below
+                    pass
+        return json.loads(body)
+    except ValueError as e:
+        if isinstance(e, (json.JSONDecodeError, UnicodeDecodeError)):
+            raise
+        raise _too_many_digits(body, e) from None
+
+
+#: The most digits an integer in a body may have: Python's least limit on int(str)
+#: (sys.set_int_max_str_digits), set by `route_class` for the whole process. No field takes more than
+#: int64's 19, and the conversion is quadratic in the digits: at Python's default, 4300, a 16 MiB body
+#: of such integers held the GIL 0.4 s; at 640 it costs 96 ms, less than a body of token ids that size.
+MOST_INT_DIGITS = 640
+_DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
 
 
 def _too_many_digits(body: bytes, error: ValueError) -> ValueError:
-    """json.loads refuses an integer of more digits than Python converts (sys.get_int_max_str_digits,
-    4300) with a bare ValueError, which FastAPI answers "There was an error parsing the body" with no
-    place; this says where and why, as JSON's own errors do. Anything else is returned as it came."""
+    """json.loads refuses an integer past the limit with a bare ValueError, which FastAPI answered
+    "There was an error parsing the body", with no place: this places it at the first run of more
+    digits than the limit (two C passes, on this error's path only) and says why. Anything else
+    is returned as it came."""
     most = sys.get_int_max_str_digits()
-    found = re.search(rb"[0-9]{%d,}" % (most + 1), body) if most else None
-    if found is None:
+    digits = body.translate(_DIGITS_TO_ZERO)
+    at = digits.find(b"0" * (most + 1)) if most else -1
+    if at < 0:
         return error
-    return json.JSONDecodeError(f"an integer of {found.end() - found.start()} digits; at most {most} are read",
-                                "", found.start())
+    n = len(digits) - at - len(digits[at:].lstrip(b"0"))
+    return json.JSONDecodeError(f"an integer of {n} digits; at most {most} are read", "", at)
 
 
 class _ThreadDecodedRequest(Request):
@@ -204,18 +220,13 @@ class _ThreadDecodedRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             body = await self.body()
-            try:
-                # An array over the limit is at least 2 bytes per id: past 64 KiB wherever max_sequence_length
-                # is 512 or more (the default model's), so only the thread checks. A shorter model's
-                # over-long array may decode here, as before: under 64 KiB, too small to matter.
-                if len(body) < THREAD_DECODE_MIN_BYTES:
-                    self._json = json.loads(body)
-                else:
-                    self._json = await self._decode_behind_gate(body)
-            except ValueError as e:
-                if isinstance(e, (json.JSONDecodeError, UnicodeDecodeError)):
-                    raise
-                raise _too_many_digits(body, e) from None
+            # An array over the limit is at least 2 bytes per id: past 64 KiB wherever max_sequence_length
+            # is 512 or more (the default model's), so only the thread checks. A shorter model's
+            # over-long array may decode here, as before: under 64 KiB, too small to matter.
+            if len(body) < THREAD_DECODE_MIN_BYTES:
+                self._json = decode(body)
+            else:
+                self._json = await self._decode_behind_gate(body)
         return self._json
 
     async def _decode_behind_gate(self, body: bytes) -> Any:
@@ -241,8 +252,11 @@ class _ThreadDecodedRequest(Request):
 def route_class(ids_limits: dict[str, int] | None = None) -> type[APIRoute]:
     """An `APIRoute` for one app (`app.router.route_class = route_class()` before adding routes):
     its routes decode large JSON bodies on a worker thread, one at a time in the whole app.
-    `ids_limits`: route path -> the most ids a `"tokens"` array may hold; longer ones stay undecoded."""
+    `ids_limits`: route path -> the most ids a `"tokens"` array may hold; longer ones stay undecoded.
+    Integers of more than MOST_INT_DIGITS digits are refused as they are decoded, in this process."""
     gate = asyncio.Semaphore(1)  # bound to the server's loop on first use (Python >= 3.10)
+    if not 0 < sys.get_int_max_str_digits() <= MOST_INT_DIGITS:
+        sys.set_int_max_str_digits(MOST_INT_DIGITS)  # for the process: json.loads reads no other
 
     class GatedRequest(_ThreadDecodedRequest):
         pass
