@@ -32,6 +32,11 @@ def test_per_request_limit_must_fit_the_queue(model):
     assert (error_of(model, max_queue_sequences=100, max_sequences_per_request=101)
             == "--max-sequences-per-request: must be <= --max-queue-sequences (100), got 101")
     assert ServeConfig(model=model, max_queue_sequences=100, max_sequences_per_request=100)
+    # The HTTP server reads no JSON list of more than 65536 items (frontends/body_lists.py).
+    big = dict(max_queue_sequences=70_000, max_sequences_per_request=65_537)
+    assert (error_of(model, transport="http", **big) == "--max-sequences-per-request: must be <= 65536 on the "
+            "HTTP server, which reads a JSON list of no more items, got 65537")
+    assert ServeConfig(model=model, **big).max_sequences_per_request == 65_537  # gRPC: no JSON
 
 
 def test_shutdown_reserve_is_three_seconds_at_most_and_half_the_grace_at_least(model):

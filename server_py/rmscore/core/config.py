@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from rmscore.core.cost_profile import default_dir as cost_profile_default_dir
 from rmscore.core.planner import MODES, PlannerConfig
+from rmscore.core.validation import MOST_LIST_ITEMS
 
 TRANSPORTS = ("grpc", "http")
 BACKENDS = ("eager", "compile", "onnxruntime")
@@ -262,6 +263,9 @@ class ServeConfig:
               f"must be > 0 and <= {MAX_CHANNEL_SECONDS}", self.body_timeout_seconds)
         check(self.max_buffered_request_bytes >= self.max_request_bytes, "max-buffered-request-bytes",
               f"must be >= --max-request-bytes ({self.max_request_bytes})", self.max_buffered_request_bytes)
+        check(self.transport != "http" or self.max_sequences_per_request <= MOST_LIST_ITEMS,
+              "max-sequences-per-request", f"must be <= {MOST_LIST_ITEMS} on the HTTP server, which reads a "
+              "JSON list of no more items", self.max_sequences_per_request)
 
     def _check_access(self, check) -> None:
         """Same rules and messages as the C++ server (server_cpp/src/config.cc)."""

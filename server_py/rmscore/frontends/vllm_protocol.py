@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from rmscore.core.errors import invalid
+from rmscore.frontends.body_lists import ids_or_texts, items_of
 
 
 class VllmRequest(BaseModel):
@@ -67,8 +68,8 @@ class ChatOptions(BaseModel):
 class ClassifyIn(VllmRequest, ChatOptions):
     """ClassificationCompletionRequest (`input`) or ClassificationChatRequest (`messages`)."""
 
-    input: list[int] | list[list[int]] | str | list[str] | None = None
-    messages: list[dict[str, Any]] | None = None
+    input: Annotated[list[int] | list[list[int]] | str | list[str] | None, ids_or_texts()] = None
+    messages: Annotated[list[dict[str, Any]] | None, items_of(dict)] = None
     add_special_tokens: bool | None = None  # vLLM: True for `input`, False for `messages`
 
 
@@ -89,14 +90,14 @@ class TokenizeIn(ChatOptions):
 
     model: str | None = None
     add_generation_prompt: bool = True
-    tools: list[dict[str, Any]] | None = None
+    tools: Annotated[list[dict[str, Any]] | None, items_of(dict)] = None
     prompt: str | None = None
-    messages: list[dict[str, Any]] | None = None
+    messages: Annotated[list[dict[str, Any]] | None, items_of(dict)] = None
     add_special_tokens: bool | None = None  # vLLM: True for `prompt`, False for `messages`
     return_token_strs: bool | None = False
 
 
-ScoreInputs = str | list[str]
+ScoreInputs = Annotated[str | list[str], items_of(str)]
 #: vLLM's default 0 is "no per-text cut"; a negative count has no meaning there, so it is refused.
 TokensPerText = Annotated[int, Field(ge=0)]
 

@@ -247,6 +247,13 @@ def a_long_ints(ctx):
     _unary_flood(ctx, 2, lambda i: ("/rmscore/v1/score", body))
 
 
+def a_containers(ctx):
+    """Hold a core (HTTP): 2 callers send back to back 14 MiB bodies of 5M empty arrays where the
+    sequences belong: each is a container the garbage collector tracks while the body decodes."""
+    body = b'{"sequences": [' + b"[]," * 5_000_000 + b'[]], "truncation": "left"}'
+    _unary_flood(ctx, 2, lambda i: ("/rmscore/v1/score", body))
+
+
 def a_trunc_wide(ctx):
     """Defect 1 variant: 4 callers send 64 sequences of 32768 ids each (16 MiB of int64 ids held per call)."""
     _tokens(ctx, 4, lambda i: [_ids(32768, i + k) for k in range(16)], "right")
@@ -471,6 +478,7 @@ ATTACKS = {
     "trunc_1M_spelled": (a_trunc_spelled, "1 truncation", ("http",)),
     "trunc_16x32k": (a_trunc_wide, "1 truncation", None),
     "long_ints_15MiB": (a_long_ints, "3 parsing", ("http",)),
+    "containers_5M": (a_containers, "3 parsing", ("http",)),
     "trunc_stream": (a_trunc_stream, "1 truncation", ("grpc",)),
     "text_15MiB": (a_text_huge, "3 text", ("py",)),
     "text_cap_8x130k": (a_text_cap, "3 text", ("py",)),
