@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidatorFunctionWrapHandler, WrapValidator
 
 from rmscore.core.validation import SeqInput
-from rmscore.frontends.body_lists import items_of
+from rmscore.frontends.body_lists import list_of
 from rmscore.frontends.json_body import OverLongIds
 
 
@@ -28,7 +28,7 @@ class SequenceIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     # Strict: "101", 101.0 and true are not token ids (lax mode read them as 101, 101, 1).
-    tokens: Annotated[list[StrictInt] | None, WrapValidator(_ids_or_over_long), items_of(int, None)] = None
+    tokens: Annotated[list_of(StrictInt, None) | None, WrapValidator(_ids_or_over_long)] = None
     prompt: str | None = None
     response: str | None = None
 
@@ -42,7 +42,7 @@ class SequenceIn(BaseModel):
 
 class ScoreIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    sequences: Annotated[list[SequenceIn], items_of(dict)]
+    sequences: list_of(SequenceIn)
     truncation: Literal["none", "left", "right"] = "none"
     timeout_ms: float | None = Field(default=None, gt=0, description="deadline for this request")
 

@@ -27,17 +27,17 @@ statuses as /rmscore/v1/score (422, 429, 503, ...).
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from rmscore.core.errors import ScoreError, invalid
 from rmscore.core.runtime import progress
 from rmscore.core.tokenizing import check_chars, pieces
-from rmscore.core.validation import MOST_LIST_ITEMS, SeqInput, check_unicode
+from rmscore.core.validation import SeqInput, check_unicode
 from rmscore.core.scoring import ScoringCore, sent_bytes
-from rmscore.frontends.body_lists import items_of
+from rmscore.frontends.body_lists import list_of
 from rmscore.frontends.http_errors import refusal
 from rmscore.frontends.reward_text import Encoder, split_query
 
@@ -48,9 +48,9 @@ LOG_EVERY_S = 10.0
 
 class GetRewardIn(BaseModel):
     model_config = ConfigDict(extra="allow")  # OpenRLHF versions add fields; unknown ones are ignored
-    query: Annotated[list[str], items_of(str)]
-    prompts: Annotated[list[str] | None, items_of(str)] = None
-    labels: Annotated[list[Any] | None, Field(max_length=MOST_LIST_ITEMS)] = None
+    query: list_of(str)
+    prompts: list_of(str) | None = None
+    labels: list_of(Any) | None = None
 
 
 class FormatCount:

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from rmscore.core.errors import invalid
-from rmscore.frontends.body_lists import ids_or_texts, items_of
+from rmscore.frontends.body_lists import list_of
 
 
 class VllmRequest(BaseModel):
@@ -68,8 +68,8 @@ class ChatOptions(BaseModel):
 class ClassifyIn(VllmRequest, ChatOptions):
     """ClassificationCompletionRequest (`input`) or ClassificationChatRequest (`messages`)."""
 
-    input: Annotated[list[int] | list[list[int]] | str | list[str] | None, ids_or_texts()] = None
-    messages: Annotated[list[dict[str, Any]] | None, items_of(dict)] = None
+    input: list_of(int, None) | list_of(list_of(int, None)) | str | list_of(str) | None = None
+    messages: list_of(dict[str, Any]) | None = None
     add_special_tokens: bool | None = None  # vLLM: True for `input`, False for `messages`
 
 
@@ -90,14 +90,14 @@ class TokenizeIn(ChatOptions):
 
     model: str | None = None
     add_generation_prompt: bool = True
-    tools: Annotated[list[dict[str, Any]] | None, items_of(dict)] = None
+    tools: list_of(dict[str, Any]) | None = None
     prompt: str | None = None
-    messages: Annotated[list[dict[str, Any]] | None, items_of(dict)] = None
+    messages: list_of(dict[str, Any]) | None = None
     add_special_tokens: bool | None = None  # vLLM: True for `prompt`, False for `messages`
     return_token_strs: bool | None = False
 
 
-ScoreInputs = Annotated[str | list[str], items_of(str)]
+ScoreInputs = str | list_of(str)
 #: vLLM's default 0 is "no per-text cut"; a negative count has no meaning there, so it is refused.
 TokensPerText = Annotated[int, Field(ge=0)]
 
