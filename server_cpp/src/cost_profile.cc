@@ -12,6 +12,7 @@
 #include <ctime>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <sstream>
 
 namespace rmscore::cost_profile {
@@ -189,6 +190,10 @@ void Save(const std::string& path, const CostTable& table, const ordered_json& i
 
 void SaveRefined(const std::string& path, const CostTable& table, const ordered_json& identity, int64_t batches,
                  const std::string& timing) {
+  // One save at a time in this process, as in Python (core/cost_profile.py): two model workers' idle
+  // spells may save at once, and each read-modify-write would drop the other's batches.
+  static std::mutex saving;
+  std::lock_guard<std::mutex> one_at_a_time(saving);
   ordered_json old;
   {
     std::ifstream in(path);

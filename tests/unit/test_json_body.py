@@ -114,7 +114,7 @@ def test_an_over_long_array_is_not_decoded_and_gets_the_refusal_it_always_got():
     assert len(ScoreIn.model_validate(json_body.decode(many, IDS_LIMIT)).sequences[0].tokens) == 70_000
 
 
-def test_arrays_within_the_limit_or_not_plain_integers_decode_as_json_does():
+def test_arrays_within_the_limit_or_not_flat_decode_as_json_does():
     n = IDS_LIMIT + 1
     cases = [
         body_of([{"tokens": [7] * IDS_LIMIT}]),  # at the limit: validated as ever
@@ -130,10 +130,14 @@ def test_arrays_within_the_limit_or_not_plain_integers_decode_as_json_does():
         # a key named "tokens" elsewhere: decoded as it is, refused by the model as before
         body_of([{"tokens": [1]}], extra={"tokens": [1] * n}),
     ]
+    flat_over_long = (cases[1], cases[4])  # numbers and constants: counted, refused by their length
     for body in cases:
         if json_body.without_over_long_ids(body, IDS_LIMIT) is not None:
-            assert body == cases[-1], body[:80]  # replaced only where the model refuses the key anyway
-            assert refusal(json_body.decode(body, IDS_LIMIT)) == refusal(json.loads(body))
+            # replaced only where the array is flat, or where the model refuses the key anyway
+            assert body in (*flat_over_long, cases[-1]), body[:80]
+            got = refusal(json_body.decode(body, IDS_LIMIT))
+            assert got.startswith(f"sequences[0].tokens.ids: length {n} exceeds") if body in flat_over_long \
+                else got == refusal(json.loads(body)), got
             continue
         try:
             expected = json.loads(body)
@@ -179,19 +183,58 @@ def test_no_spelling_of_the_key_lets_an_over_long_array_decode():
     utf16 = body_of([{"tokens": [7] * (IDS_LIMIT + 1)}]).decode().encode("utf-16")
     with pytest.raises(json.JSONDecodeError, match="must be UTF-8"):
         json_body.decode(utf16, IDS_LIMIT)
-    # Decoded as json.loads does: an escaped backslash before "u0074" (text, not an escape), and an
-    # escaped letter or UTF-16 where no array can be over the limit (fewer commas than it).
-    cases = [body_of([{"tokens": [7] * (IDS_LIMIT + 1)}], extra={"note": "\\u0074"}),
-             body_of([{"tokens": [7] * 3}], extra={"note": "t"}).replace(b'"t"', b'"\\u0074"'),
-             body_of([{"tokens": [7] * 3}]).decode().encode("utf-16")]
-    assert b'\\\\u0074' in cases[0] and b'"\\u0074"' in cases[1]
-    for body in cases:
-        try:
-            expected = json.loads(body)
-        except ValueError as e:  # the first: refused by its length, as before
-            pytest.fail(f"{body[:60]}: {e}")
-        got = json_body.decode(body, IDS_LIMIT)
-        assert refusal(got) == refusal(expected), body[:60]
+    # An escaped backslash before "u0074" is text, not an escape: the over-long array is still found
+    # (the marker), and the text is kept as json.loads reads it. A BOM is read past.
+    text = {"prompt": "\\u0074 \\\\u0074", "response": "x"}
+    body = body_of([{"tokens": [7] * (IDS_LIMIT + 1)}, text])
+    assert b'\\\\u0074' in body
+    for b in (body, b"\xef\xbb\xbf" + body):
+        doc = json_body.decode(b, IDS_LIMIT)
+        assert isinstance(doc["sequences"][0]["tokens"], str) and doc["sequences"][1] == text, b[:60]
+    # Where no array can be over the limit (fewer commas than it), an escaped letter or UTF-16 decodes
+    # as json.loads does.
+    for b in (body_of([{"tokens": [7] * 3}, {"prompt": "t", "response": "x"}]).replace(b'"t"', b'"\\u0074"'),
+              body_of([{"tokens": [7] * 3}]).decode().encode("utf-16")):
+        assert json_body.decode(b, IDS_LIMIT) == json.loads(b), b[:60]
+
+
+def test_a_flat_over_long_array_is_not_decoded_whatever_its_values():
+    """One fraction, true or null among a million ids decoded them all before (the check wanted integers
+    only). A flat array of any numbers and constants over the limit is counted in pieces and refused by
+    its length; an array holding a string or a nested value is decoded, as json.loads does."""
+    n = IDS_LIMIT + 1
+    for tail in ("1.5", "true", "null", "-2e3"):
+        body = ('{"sequences": [{"tokens": [' + "7," * n + tail + ']}], "truncation": "left"}').encode()
+        doc = json_body.decode(body, IDS_LIMIT)
+        assert isinstance(doc["sequences"][0]["tokens"], str), tail
+        assert refusal(doc).startswith(f"sequences[0].tokens.ids: length {n + 1} exceeds {IDS_LIMIT}"), refusal(doc)
+    for tail in ('"x"', "[1]", '{"a": 1}'):
+        body = ('{"sequences": [{"tokens": [' + "7," * n + tail + ']}], "truncation": "left"}').encode()
+        assert json_body.decode(body, IDS_LIMIT) == json.loads(body), tail
+
+
+def test_the_search_for_over_long_arrays_is_linear_in_the_body():
+    """Each key opening an array scanned on to the next "]": 16k such keys took 2.2 s, 32k about 9 s,
+    holding the GIL behind the one-decode gate. Found once, the "]" is kept for every key before it.
+    A bound 30 times what it takes here, so only a return to the quadratic search fails it."""
+    import time
+
+    for closed in (b"", b"]"):
+        body = b'{"a":[' + b',"tokens":[' * 32_768 + closed
+        t0 = time.perf_counter()
+        assert json_body.without_over_long_ids(body, 1000) is None
+        assert time.perf_counter() - t0 < 3.0
+
+
+def test_an_integer_is_placed_by_characters_and_never_in_a_string():
+    """The too-long integer's place is where json's errors put theirs, in characters, and a run of
+    digits inside a string is text, not the integer."""
+    most = json_body.MOST_INT_DIGITS
+    head = '{"note": "\u00e9' + "9" * (most + 50) + '", "tokens": [1, '
+    body = (head + "7" * (most + 1) + "]}").encode()
+    with pytest.raises(json.JSONDecodeError) as e:
+        json_body.decode(body)
+    assert e.value.pos == len(head) and e.value.msg == f"an integer of {most + 1} digits; at most {most} are read"
 
 
 def test_the_gate_is_held_until_the_decoding_thread_ends(monkeypatch):

@@ -5,8 +5,9 @@ any handler sees them. A 14 MiB body of five million empty arrays where `sequenc
 3.3 s to validate and 26 s and 6 GB more to convert (two such requests took py-http to +5.7 GB, and
 every probe timed out): one body, and one caller, held the event loop for half a minute. So every
 list a request model takes is declared with pydantic's own bounds, checked in its Rust core:
-- `max_length`: more items than any request may carry (MOST_LIST_ITEMS) is one error, no item read;
-  a list of token ids is bounded by the validator's own rule instead (INPUT_FACTOR x max_sequence_length);
+- `max_length`: more items than any request may carry (MOST_LIST_ITEMS) is one error, raised as the
+  count passes it (pydantic counts while it validates: 65,537 valid items cost ~0.28 s to refuse); a
+  list of token ids is bounded by the validator's own rule instead (INPUT_FACTOR x max_sequence_length);
 - `fail_fast`: validation stops at the first bad item, whose error, with its place, is the one
   reported first before (`sequences.3: Input should be ...`). A union reports one per member.
 Valid lists cost what they did (10.5 ms for 1024 x 512 ids either way; a Python pre-scan of the item
