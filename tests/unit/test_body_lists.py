@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from rmscore.core.validation import MOST_LIST_ITEMS
+from rmscore.core.config import MOST_LIST_ITEMS
 from rmscore.frontends.http_models import ScoreIn
 from rmscore.frontends.openrlhf import GetRewardIn
 from rmscore.frontends.vllm_protocol import ClassifyIn, RerankIn

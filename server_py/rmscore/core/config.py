@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 from rmscore.core.cost_profile import default_dir as cost_profile_default_dir
 from rmscore.core.planner import MODES, PlannerConfig
-from rmscore.core.validation import MOST_LIST_ITEMS
 
 TRANSPORTS = ("grpc", "http")
 BACKENDS = ("eager", "compile", "onnxruntime")
@@ -82,6 +81,12 @@ SHUTDOWN_RESERVE_MAX_S = 3.0
 
 #: The most seconds a gRPC channel argument in milliseconds (an int32) holds; the C++ server's kMaxChannelSeconds.
 MAX_CHANNEL_SECONDS = 2147483
+
+#: The most items a request's list of sequences or texts may have on the HTTP server, which reads no
+#: longer JSON list (frontends/body_lists.py): --max-sequences-per-request is at most this there. Here,
+#: not in core/validation.py, so that config stays importable without grpc (tools/rmscore_tools/bench/
+#: gpu_check.py runs on a bare GPU machine).
+MOST_LIST_ITEMS = 65536
 
 
 def _read(path: pathlib.Path) -> bytes | None:

@@ -30,10 +30,6 @@ class SeqInput:
 #: server_cpp/src/validation.h kInputFactor; docs/contract.md, "Input bounds").
 INPUT_FACTOR = 64
 
-#: The most items a request's list of sequences or texts may have on the HTTP server, which reads no
-#: longer JSON list (frontends/body_lists.py): --max-sequences-per-request is at most this there.
-MOST_LIST_ITEMS = 65536
-
 
 @dataclass(frozen=True)
 class Limits:

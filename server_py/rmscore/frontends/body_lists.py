@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from rmscore.core.validation import MOST_LIST_ITEMS
+from rmscore.core.config import MOST_LIST_ITEMS
 
 
 def list_of(item: Any, most: int | None = MOST_LIST_ITEMS) -> Any:
