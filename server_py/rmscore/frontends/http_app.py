@@ -67,6 +67,11 @@ def _error_handlers(app: FastAPI, core: ScoringCore) -> None:
         if first["type"] == "json_invalid":
             reason = (first.get("ctx") or {}).get("error", first["msg"])
             where, message = "body", f"body: malformed JSON at character {first['loc'][-1]}: {reason}"
+        elif first["type"] == "too_long" and tuple(first["loc"]) == ("body", "sequences"):
+            # Past the HTTP list bound (body_lists.py), the count gets the core's own refusal, as on every kind.
+            where = "sequences"
+            message = (f"sequences: {first['ctx']['actual_length']} sequences exceed max_sequences_per_request "
+                       f"{core.validator.limits.max_sequences_per_request}")
         elif tuple(first["loc"]) == ("body",) and not _says_json(request.headers.get("content-type")):
             # FastAPI reads a body as JSON only when its Content-Type says so (curl -d sends a form's):
             # its "Input should be a valid dictionary" does not say that the header is what is wrong.
