@@ -80,14 +80,13 @@ def _scalar_count(span: bytes) -> int | None:
         at = cut + 1
 
 
-def _flat_from(body: bytes, lo: int, end: int) -> int:
-    """Where the run of _SCALAR_BYTES that ends at `end` starts (not before `lo`): looked for in
-    windows that double, so the cost is that run's length, once for each "]"."""
+def _run_start(body: bytes, lo: int, end: int, run_of: bytes) -> int:
+    """Where the run of `run_of` bytes that ends at `end` starts (not before `lo`): looked for in
+    windows that double, so the cost is C-speed passes over that run's length."""
     size = _LOOK_BACK_BYTES
     while True:
         start = max(lo, end - size)
-        window = body[start:end]
-        kept = window.rstrip(_SCALAR_BYTES)
+        kept = body[start:end].rstrip(run_of)
         if kept or start == lo:
             return start + len(kept)
         size *= 2
@@ -113,15 +112,9 @@ class OverLongIds:
 
 
 def _byte_before(body: bytes, at: int) -> bytes:
-    """The last byte before `at` that is not JSON whitespace (b"" when none). Looked for in windows
-    that double, so a long run of whitespace costs C-speed passes, not a Python step per byte."""
-    size = _LOOK_BACK_BYTES
-    while True:
-        start = max(0, at - size)
-        before = body[start:at].rstrip(_WHITESPACE)
-        if before or start == 0:
-            return before[-1:]
-        at, size = start, size * 2
+    """The last byte before `at` that is not JSON whitespace (b"" when none)."""
+    start = _run_start(body, 0, at, _WHITESPACE)
+    return body[start - 1:start] if start else b""
 
 
 #: `\u` escapes of the letters of "tokens" (hex digits in either case). No JSON encoder escapes an
@@ -174,7 +167,7 @@ def without_over_long_ids(body: bytes, limit: int) -> bytes | None:
             end = body.find(b"]", start)
             if end < 0:
                 break  # no later array closes either
-            flat = _flat_from(body, start, end)
+            flat = _run_start(body, start, end, _SCALAR_BYTES)  # once for each "]"
         # Something else between the array's opening and the "]" (a string, a nested value): not flat.
         # The comma count next: cheap, so only arrays that long are read.
         if start < flat or body.count(b",", start, end) < limit:
