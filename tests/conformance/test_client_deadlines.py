@@ -6,6 +6,7 @@ not per stream: a stream that runs longer than `timeout_s` while its items are a
 
 from __future__ import annotations
 
+import pathlib
 import signal
 import threading
 import time
@@ -56,11 +57,30 @@ def bounded(fn, limit_s: float):
     return out["value"], out["s"]
 
 
+def process_state(pid: int) -> str:
+    """"T" once every thread of the process is stopped, else the state letters of its threads (from
+    /proc/PID/task/*/stat, after the parenthesised name, which may hold spaces)."""
+    states = set()
+    for stat in pathlib.Path(f"/proc/{pid}/task").glob("*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        states.add(text[text.rindex(")") + 2])
+    return "T" if states == {"T"} else "".join(sorted(states))
+
+
 def stopped(server):
     """The server process frozen (SIGSTOP: its sockets stay open, nothing answers) until the block ends."""
     class _Stopped:
         def __enter__(self):
             server.signal(signal.SIGSTOP)
+            # kill() returns before every thread has stopped: go on only once the kernel says each
+            # has, so an answer cannot come from a thread still running.
+            until = time.monotonic() + 10
+            while (state := process_state(server.proc.pid)) != "T" and time.monotonic() < until:
+                time.sleep(0.01)
+            assert state == "T", f"the server did not stop: state {state!r}"
 
         def __exit__(self, *exc):
             server.signal(signal.SIGCONT)
@@ -73,7 +93,8 @@ def test_stream_of_a_silent_server_ends_with_deadline_exceeded(server):
         with stopped(server):
             items = [(f"u{i}", ids) for i, ids in enumerate(GOLDEN_IDS[:4])]
             got, took_s = bounded(lambda: list(rm.stream(items)), TIMEOUT_S + SLACK_S)
-        assert isinstance(got, DeadlineExceeded), got
+            state = process_state(server.proc.pid)  # still "T", unless something woke the server
+        assert isinstance(got, DeadlineExceeded), (got, f"server threads: {state}")
         assert got.item_id in {uid for uid, _ in items}, got
         assert took_s >= TIMEOUT_S * 0.9, took_s  # the deadline, not some other failure
         # The same client scores again once the server runs: nothing was left broken.
