@@ -7,6 +7,7 @@ request with both Content-Length and Transfer-Encoding. The attacks are rmscore_
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -141,13 +142,39 @@ def test_bodies_past_the_budget_are_refused_at_once(running):
     assert faults._probe_score(transport.caller.Caller.to(server), transport.PROBE_IDS, 10)[0] == "OK"
 
 
-def test_a_body_refused_by_its_length_before_100_continue_closes_the_connection(running):
-    """`Expect: 100-continue` and a Content-Length over max_request_bytes: 413 and the connection closed.
-    Before, it stayed open waiting for a body that no 100 asked for (the next request became that body)."""
+@pytest.mark.parametrize("path, length, status", [
+    ("/rmscore/v1/score", 5 * MiB, b"413"),  # over max_request_bytes by its Content-Length
+    ("/no/such/route", 1000, b"404"),  # Starlette's own answers: they did not close before
+    ("/healthz", 1000, b"405"),
+])
+def test_an_answer_before_100_continue_closes_the_connection(running, path, length, status):
+    """`Expect: 100-continue`, answered before the body is asked for: that answer and the connection
+    closed. Before, it stayed open waiting for a body that no 100 asked for (the next request became
+    that body), and Starlette's 404 and 405 still did so after the 413 was fixed."""
     server = kind(running, HTTP)
-    head, closed = harness.expect_continue_refused(server.port, "/rmscore/v1/score", 5 * MiB)
-    assert head.startswith(b"HTTP/1.1 413 ") and b"connection: close" in head.lower(), head
-    assert closed, "the connection stayed open after the 413"
+    head, closed = harness.expect_continue_refused(server.port, path, length)
+    assert head.startswith(b"HTTP/1.1 " + status + b" ") and b"connection: close" in head.lower(), head
+    assert closed, f"the connection stayed open after the {status.decode()}"
+
+
+def test_a_body_asked_for_after_100_continue_keeps_the_connection(running):
+    """The other side of the rule: a request whose body the server asks for (the 100 comes) is
+    answered 200 without `Connection: close`, and the same connection serves the next request."""
+    server = kind(running, HTTP)
+    body = json.dumps({"sequences": [{"tokens": harness.GOLDEN_IDS[0]}]}).encode()
+    head = (b"POST /rmscore/v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\nExpect: 100-continue\r\n\r\n" % len(body))
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        reader = sock.makefile("rb")
+        for _ in range(2):
+            sock.sendall(head)
+            assert reader.readline().startswith(b"HTTP/1.1 100 ") and reader.readline() == b"\r\n"
+            sock.sendall(body)
+            lines = iter(reader.readline, b"\r\n")
+            answer = b"".join(lines).lower()
+            assert answer.startswith(b"http/1.1 200 ") and b"connection: close" not in answer, answer
+            length = int(answer.split(b"content-length:")[1].split(b"\r\n")[0])
+            assert b'"scores"' in reader.read(length)
 
 
 @pytest.mark.parametrize("name", [GRPC, HTTP])

@@ -29,23 +29,43 @@ def wrap(app, cfg: ServeConfig, core: ScoringCore):
     next: a body over max_request_bytes is refused for that (413: resending it cannot help), whatever
     the load. RefuseBeforeBody then, outside BodyBudget: a request refused for overload reserves no
     bytes of the receiving budget and is never read. CancelOnDisconnect innermost, right around the
-    handler it cancels."""
+    handler it cancels. CloseWhenBodyUnasked around all but OneFraming (which closes anyway), so every
+    answer made before a body is asked for closes a connection waiting on `Expect: 100-continue`."""
     asgi = BodyBudget(CancelOnDisconnect(app), cfg.body_timeout_seconds, cfg.max_buffered_request_bytes, core)
     asgi = RefuseBeforeBody(asgi, core, routes(app))
     asgi = LimitBody(asgi, cfg.max_request_bytes, core)
     if cfg.auth_token:
         asgi = TokenCheck(asgi, cfg.auth_token, core)
-    return OneFraming(asgi)
+    return OneFraming(CloseWhenBodyUnasked(asgi))
 
 
-def closing_if_body_awaited(scope, resp: JSONResponse) -> JSONResponse:
-    """`resp`, a refusal made before the body is read, with `Connection: close` when the client sent
-    `Expect: 100-continue`: it waits to send its body, which no 100 will ask for now, so the server would
-    wait for it until the body deadline and take the next request as that body. Closing says so (RFC
-    9110 10.1.1), and there is no body to reset."""
-    if any(k == b"expect" for k, _ in scope.get("headers") or ()):
-        resp.headers["Connection"] = "close"
-    return resp
+class CloseWhenBodyUnasked:
+    """ASGI middleware: an answer to a request that sent `Expect: 100-continue`, begun before anything
+    asked for its body, carries `Connection: close`. That client waits to send its body, which no 100
+    will ask for now (uvicorn sends the 100 at the first read), so the server would wait for it until
+    the body deadline and take the next request as that body. Closing says so (RFC 9110 10.1.1), and
+    there is no body to reset. One rule for every such answer: the refusals made at the headers (401,
+    the announced size's 413, the overload 429 and 503) and Starlette's own 404 and 405."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not any(k == b"expect" for k, _ in scope.get("headers") or ()):
+            return await self.app(scope, receive, send)
+        asked = False
+
+        async def receive_asked():
+            nonlocal asked
+            asked = True
+            return await receive()
+
+        async def send_closing(message):
+            if message["type"] == "http.response.start" and not asked:
+                message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+            await send(message)
+
+        return await self.app(scope, receive_asked, send_closing)
 
 
 class RefuseBeforeBody:
@@ -72,7 +92,7 @@ class RefuseBeforeBody:
                     self.core.check_before_body(tokenizes)
                 except ScoreError as e:
                     resp = refusal(self.core, e, t0, vllm=scope["path"] in self.routes.vllm)
-                    return await closing_if_body_awaited(scope, resp)(scope, receive, send)
+                    return await resp(scope, receive, send)
         return await self.app(scope, receive, send)
 
 
@@ -102,7 +122,7 @@ class LimitBody:
             return await self.app(scope, receive, send)
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and int(length) > self.limit:
-            return await closing_if_body_awaited(scope, self._refuse(str(int(length))))(scope, receive, send)
+            return await self._refuse(str(int(length)))(scope, receive, send)
         if length is not None:
             note_request_bytes(int(length))
         seen = 0
@@ -297,5 +317,5 @@ class TokenCheck:
                 self.core.metrics.request(Code.UNAUTHENTICATED.name, 0.0)
                 resp = error_response(Code.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
                 resp.headers["WWW-Authenticate"] = "Bearer"
-                return await closing_if_body_awaited(scope, resp)(scope, receive, send)
+                return await resp(scope, receive, send)
         return await self.app(scope, receive, send)
