@@ -170,7 +170,8 @@ HAND = [
 
 
 def admission_case(name, expect_code, *, workers=1, max_wait_us=60_000_000, seed=0.0, observe=(), tokens=0,
-                   running=0, now_us=1_000_000, deadline_us=None, max_batch_us=0, own_batch_tokens=0):
+                   running=0, now_us=1_000_000, deadline_us=None, max_batch_us=0, own_batch_tokens=0,
+                   queued_before_last=None):
     """One admission decision (core/admission.py), its message from the Python reference; the
     intended code is written by hand and checked here."""
     w = QueueWork(workers, max_wait_us, seed, max_batch_us)
@@ -178,12 +179,12 @@ def admission_case(name, expect_code, *, workers=1, max_wait_us=60_000_000, seed
         w.observe(batch_us, n)
     w.add(tokens)
     w.batch_started(running)
-    r = w.refusal(now_us, deadline_us, None, own_batch_tokens)
+    r = w.refusal(now_us, deadline_us, None, own_batch_tokens, queued_before_last)
     code = "OK" if r is None else r.code.name
     assert code == expect_code, (name, code, r)
     return {"name": name, "workers": workers, "max_wait_us": max_wait_us, "seed_us_per_token": seed,
             "observe": [list(o) for o in observe], "tokens": tokens, "running": running, "now_us": now_us, "deadline_us": deadline_us,
-            "max_batch_us": max_batch_us, "own_batch_tokens": own_batch_tokens,
+            "max_batch_us": max_batch_us, "own_batch_tokens": own_batch_tokens, "queued_before_last": queued_before_last,
             "expect": {"code": code, "message": "" if r is None else r.message, "wait_us": w.wait_us()}}
 
 
@@ -215,6 +216,17 @@ ADMISSION = [
                    tokens=9_000, own_batch_tokens=8_192),
     admission_case("empty batches are not observed", "OK", observe=[(0, 10), (500, 0)], tokens=10**6,
                    deadline_us=1_000_001),
+    # A request of several sequences (queued_before_last: what ranks before its last one, its own included).
+    admission_case("the deadline is held to its last sequence: refused", "DEADLINE_EXCEEDED", seed=100.0,
+                   tokens=1_000, deadline_us=1_500_000, own_batch_tokens=512, queued_before_last=8_680),
+    admission_case("its last sequence fits before the deadline: accepted", "OK", seed=100.0, tokens=1_000,
+                   deadline_us=2_000_000, own_batch_tokens=512, queued_before_last=8_680),
+    admission_case("the work bound reads only the work ahead of its first", "OK", seed=100.0,
+                   max_wait_us=500_000, tokens=1_000, own_batch_tokens=512, queued_before_last=100_000),
+    admission_case("an idle server refuses a request its deadline cannot hold", "DEADLINE_EXCEEDED", seed=100.0,
+                   deadline_us=1_500_000, own_batch_tokens=512, queued_before_last=7_680),
+    admission_case("an idle server accepts a request its deadline holds", "OK", seed=100.0,
+                   deadline_us=2_000_000, own_batch_tokens=512, queued_before_last=7_680),
 ]
 
 

@@ -34,21 +34,29 @@ int64_t QueueWork::OwnBatchUs(int64_t padded_tokens) const {
 }
 
 grpc::Status QueueWork::Refusal(int64_t now_us, std::optional<int64_t> deadline_us,
-                                std::optional<int64_t> queued_ahead, int64_t own_batch_tokens) const {
+                                std::optional<int64_t> queued_ahead, int64_t own_batch_tokens,
+                                std::optional<int64_t> queued_before_last) const {
   const int64_t wait = WaitUs(queued_ahead);
-  if (wait <= 0) return grpc::Status::OK;
+  const int64_t to_last = queued_before_last ? WaitUs(queued_before_last) : wait;
+  if (to_last <= 0) return grpc::Status::OK;
   if (max_wait_us_ > 0 && wait > max_wait_us_) {
     return {grpc::StatusCode::RESOURCE_EXHAUSTED, "queue full: about " + std::to_string(wait / 1000) +
                                                       " ms of model work waiting exceeds max_queue_wait_seconds (" +
                                                       std::to_string(max_wait_us_ / 1000) + " ms)"};
   }
   const int64_t own = OwnBatchUs(own_batch_tokens);
-  if (deadline_us && wait + own > *deadline_us - now_us) {
+  if (deadline_us && to_last + own > *deadline_us - now_us) {
     const int64_t left = *deadline_us - now_us;
+    const std::string tail = std::to_string((left > 0 ? left : 0) / 1000) + " ms left before the deadline";
+    if (to_last == wait) {
+      return {grpc::StatusCode::DEADLINE_EXCEEDED,
+              "deadline exceeded before scoring: about " + std::to_string(wait / 1000) +
+                  " ms of model work waiting and up to " + std::to_string(own / 1000) + " ms for its own batch, " + tail};
+    }
     return {grpc::StatusCode::DEADLINE_EXCEEDED,
-            "deadline exceeded before scoring: about " + std::to_string(wait / 1000) +
-                " ms of model work waiting and up to " + std::to_string(own / 1000) + " ms for its own batch, " +
-                std::to_string((left > 0 ? left : 0) / 1000) + " ms left before the deadline"};
+            "deadline exceeded before scoring: about " + std::to_string(to_last / 1000) +
+                " ms of model work before its last sequence (its own earlier sequences included) and up to " +
+                std::to_string(own / 1000) + " ms for that sequence's batch, " + tail};
   }
   return grpc::Status::OK;
 }

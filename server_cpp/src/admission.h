@@ -9,8 +9,10 @@
 // exponential average over every batch run), shared among the model workers.
 // Refused at once: RESOURCE_EXHAUSTED past max_wait_us (0: no bound),
 // DEADLINE_EXCEEDED when it and the request's own batch (OwnBatchUs) pass the time
-// its deadline leaves. An idle server
-// accepts any valid request: only the work ahead counts.
+// its deadline leaves; for a request of several sequences, the work before its last
+// sequence's turn ends, its own earlier sequences included. For the work bound only
+// the work ahead counts: an idle server accepts any valid request that its deadline
+// leaves time for.
 //
 // Callers are served in turn (issue 29, defect 4): a caller is a connection (the
 // call's peer), every call and stream on it included, and the batcher orders the
@@ -66,9 +68,13 @@ class QueueWork {
   int64_t OwnBatchUs(int64_t padded_tokens) const;
   // Why a request arriving at `now_us` (deadline on the same clock) behind the running batches and
   // `queued_ahead` queued real tokens (nullopt: all of them), to run in a batch of at most
-  // `own_batch_tokens` padded tokens, is refused, or OK.
+  // `own_batch_tokens` padded tokens, is refused, or OK. `queued_before_last`, for a request of several
+  // sequences: the real tokens queued that rank at or before its last sequence, plus its own sequences
+  // before that one (nullopt: `queued_ahead`, a request of one sequence). The work bound reads what is
+  // ahead of its first sequence; its deadline, what must run before its last one ends.
   grpc::Status Refusal(int64_t now_us, std::optional<int64_t> deadline_us,
-                       std::optional<int64_t> queued_ahead = std::nullopt, int64_t own_batch_tokens = 0) const;
+                       std::optional<int64_t> queued_ahead = std::nullopt, int64_t own_batch_tokens = 0,
+                       std::optional<int64_t> queued_before_last = std::nullopt) const;
 
   int64_t tokens() const { return tokens_; }
   double us_per_token() const { return us_per_token_; }

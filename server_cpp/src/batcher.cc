@@ -56,10 +56,11 @@ grpc::Status Batcher::Submit(const std::shared_ptr<Job>& job) {
     }
     grpc::Status refused = RefusalLocked(int64_t(job->seqs_.size()));
     if (refused.ok()) {
-      int64_t longest = 0;
-      for (const auto& s : job->seqs_) longest = std::max(longest, s.length);
+      int64_t longest = 0, total = 0;
+      for (const auto& s : job->seqs_) longest = std::max(longest, s.length), total += s.length;
       refused = WorkRefusalLocked(arrival, job->deadline_us_, job->caller_, longest,
-                                  job->seqs_.empty() ? 0 : job->seqs_[0].length);
+                                  job->seqs_.empty() ? 0 : job->seqs_.front().length, total,
+                                  job->seqs_.empty() ? 0 : job->seqs_.back().length);
     }
     if (!refused.ok()) {
       job->finished_ = true;  // never answered: a later Cancel does nothing
@@ -125,15 +126,18 @@ int64_t Batcher::TurnStartLocked(const std::string& caller, int64_t head) const 
 }
 
 grpc::Status Batcher::WorkRefusalLocked(int64_t now_us, std::optional<int64_t> deadline_us, const std::string& caller,
-                                        int64_t longest, int64_t first) const {
-  const int64_t rank = TurnStartLocked(caller, HeadLocked()) + std::max<int64_t>(first, 1);
+                                        int64_t longest, int64_t first, int64_t total, int64_t last) const {
+  const int64_t start = TurnStartLocked(caller, HeadLocked());
+  const int64_t ahead = index_.TokensThrough(start + std::max<int64_t>(first, 1));
+  std::optional<int64_t> before_last;  // several sequences: the deadline is held to the last
+  if (total > first) before_last = index_.TokensThrough(start + total) + total - last;
   const PlannerConfig& cfg = opts_.planner;
   int64_t own = longest;
   if (cfg.max_batch_size > 1) {
     const int64_t padded = std::max(longest, index_.by_length().empty() ? int64_t(0) : index_.by_length().back().length);
     own = std::max(longest, std::min(cfg.max_batch_tokens, cfg.max_batch_size * padded));
   }
-  return work_.Refusal(now_us, deadline_us, index_.TokensThrough(rank), own);
+  return work_.Refusal(now_us, deadline_us, ahead, own, before_last);
 }
 
 // Precondition: mu_ held. Why a job of `n` sequences cannot be accepted now (OK when it can): overload

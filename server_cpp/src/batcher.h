@@ -220,13 +220,15 @@ class Batcher {
   // Precondition: mu_ held. Where `caller`'s next turn starts: where its previous one ended, or at
   // `head` when that is later.
   int64_t TurnStartLocked(const std::string& caller, int64_t head) const;
-  // Precondition: mu_ held. Why a request of `caller` whose longest sequence is `longest` and first
-  // `first` long (0: not read yet) is refused by the work ahead of it, or OK: the running batches and
-  // every queued sequence ranked at or before where its first would rank (admission.h; unread, the
-  // first counts as one token), and its own batch: its longest sequence alone, or with partners padded
-  // to the longest of it and the queue, at most max_batch_tokens.
+  // Precondition: mu_ held. Why a request of `caller` whose longest sequence is `longest`, first `first`
+  // and last `last` long, `total` tokens in all (0: not read yet), is refused by the work ahead of it,
+  // or OK: the running batches and every queued sequence ranked at or before where its first would
+  // rank (admission.h; unread, the first counts as one token), and its own batch: its longest sequence
+  // alone, or with partners padded to the longest of it and the queue, at most max_batch_tokens. Its
+  // deadline is held to its last sequence: the queued work ranked at or before where that one's turn
+  // ends, and its own sequences before it.
   grpc::Status WorkRefusalLocked(int64_t now_us, std::optional<int64_t> deadline_us, const std::string& caller,
-                                 int64_t longest = 0, int64_t first = 0) const;
+                                 int64_t longest = 0, int64_t first = 0, int64_t total = 0, int64_t last = 0) const;
   std::optional<Batch> NextBatchLocked(std::unique_lock<std::mutex>& lk, Answers* answers);
   // Precondition: mu_ held. What on_refined has not been told yet (the table, the batches since).
   std::optional<std::pair<CostTable, int64_t>> RefinedLocked();

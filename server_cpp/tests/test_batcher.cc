@@ -954,6 +954,41 @@ TEST(FairShare, ANewCallersShortSequenceRunsBeforeLongOnesTiedAtTheHead) {
   EXPECT_EQ(h.Batches(), (Batches{{1}, {9}, {2}, {3}, {4}, {5}, {6}}));
 }
 
+TEST(FairShare, ARequestsDeadlineIsHeldToItsLastSequence) {
+  // Five callers, each with one 2,000-token sequence tied at the head. A new caller's request of four
+  // 500-token sequences: its first ends its turn before theirs (only the running 1 ms is ahead), but its
+  // last ends it with theirs, after all five (1 s) and its own three before it (0.15 s). Held to its
+  // first, it was accepted under a 0.5 s deadline and expired in the queue (tests/unit/test_caller_turns.py).
+  Harness h(/*max_batch_size=*/1, /*delay_us=*/0, /*max_queue=*/4096, nullptr, /*workers=*/1,
+            /*max_wait_us=*/2'000'000, /*seed=*/100.0);
+  h.gated = true;
+  auto running = SubmitAs(h, "a", {std::vector<int64_t>(10, 1)});
+  ASSERT_TRUE(h.gate.WaitEntered(1));
+  std::vector<std::unique_ptr<Submitted>> tied;
+  for (int64_t k = 2; k <= 6; ++k) {
+    tied.push_back(SubmitAs(h, std::string(1, char('a' + k - 1)), {std::vector<int64_t>(2000, k)}));
+    EXPECT_TRUE(tied.back()->admitted.ok()) << tied.back()->admitted.error_message();
+  }
+  const std::vector<std::vector<int64_t>> four(4, std::vector<int64_t>(500, 7));
+  auto refused = SubmitAs(h, "g", four, Clock::now() + 500ms);
+  EXPECT_EQ(refused->admitted.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(refused->admitted.error_message().rfind(
+                "deadline exceeded before scoring: about 1151 ms of model work before its last sequence (its own "
+                "earlier sequences included) and up to 50 ms for that sequence's batch, ",
+                0),
+            0u)
+      << refused->admitted.error_message();
+  auto one = SubmitAs(h, "g", {four[0]}, Clock::now() + 500ms);  // one sequence: only the running batch ahead
+  EXPECT_TRUE(one->admitted.ok()) << one->admitted.error_message();
+  auto accepted = SubmitAs(h, "h", four, Clock::now() + 5s);
+  EXPECT_TRUE(accepted->admitted.ok()) << accepted->admitted.error_message();
+  h.gate.Open();
+  Get(*running);
+  for (auto& t : tied) Get(*t);
+  Get(*one);
+  Get(*accepted);
+}
+
 TEST(FairShare, ADeadlineLeavesTimeForTheRequestsOwnBatchPaddedToTheQueuesLongest) {
   // Batches of 2: a 5-token probe runs before the queued 2,000-token sequence (its turn ends first) but may
   // run beside it, padded to it, so its own batch is up to 2 x 2,000 tokens (0.4 s at 100 us per token) on

@@ -89,7 +89,8 @@ TEST(Admission, MatchesEverySharedVector) {
     for (const json& o : c.at("observe")) w.Observe(o.at(0).get<double>(), o.at(1).get<int64_t>());
     w.Add(c.at("tokens"));
     w.BatchStarted(c.value("running", int64_t(0)));
-    const grpc::Status r = w.Refusal(c.at("now_us"), OptInt(c.at("deadline_us")), std::nullopt, c.at("own_batch_tokens"));
+    const grpc::Status r = w.Refusal(c.at("now_us"), OptInt(c.at("deadline_us")), std::nullopt, c.at("own_batch_tokens"),
+                                     OptInt(c.at("queued_before_last")));
     const json& e = c.at("expect");
     const std::string name = c.at("name");
     const std::string code = r.ok()                                                ? "OK"

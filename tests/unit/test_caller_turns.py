@@ -146,6 +146,33 @@ def test_a_new_callers_short_sequence_runs_before_long_ones_tied_at_the_head():
     h.batcher.stop()
 
 
+def test_a_requests_deadline_is_held_to_its_last_sequence():
+    # Five callers, each with one 2,000-token sequence tied at the head. A new caller's request of four
+    # 500-token sequences: its first ends its turn before theirs (only the running 1 ms is ahead), but
+    # its last ends it with theirs, after all five (1 s) and its own three before it (0.15 s). Held to its
+    # first, it was accepted under a 0.5 s deadline and expired in the queue: a flood of 80 callers
+    # sending 16 sequences each had none of 135 requests answered (streams_80_conns on py-http).
+    h = Harness(max_batch_size=1, max_wait_us=2_000_000, seed=100.0)
+    h.gated = True
+    running = submit_as(h, "a", [[1] * 10])
+    assert h.gate.wait_entered(1)
+    tied = [submit_as(h, c, [[k] * 2000]) for k, c in enumerate("bcdef", start=2)]
+    four = [[7] * 500] * 4
+    refused = submit_as(h, "g", four, time.monotonic() + 0.5)
+    assert refused.admitted.code == Code.DEADLINE_EXCEEDED
+    assert refused.admitted.message.startswith(
+        "deadline exceeded before scoring: about 1151 ms of model work before its last sequence (its own earlier "
+        "sequences included) and up to 50 ms for that sequence's batch, "), refused.admitted.message
+    one = submit_as(h, "g", four[:1], time.monotonic() + 0.5)  # one sequence: only the running batch ahead
+    assert one.admitted is None
+    accepted = submit_as(h, "h", four, time.monotonic() + 5)
+    assert accepted.admitted is None
+    h.gate.open()
+    for s in (running, *tied, one, accepted):
+        s.get()
+    h.batcher.stop()
+
+
 def test_a_deadline_leaves_time_for_the_requests_own_batch_padded_to_the_queues_longest():
     # Batches of 2: a 5-token probe runs before the queued 2,000-token sequence (its turn ends first) but
     # may run beside it, padded to it, so its own batch is up to 2 x 2,000 tokens (0.4 s at 100 us per

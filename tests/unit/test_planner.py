@@ -91,7 +91,7 @@ def test_admission_matches_vector(case):
         w.observe(batch_us, n)
     w.add(case["tokens"])
     w.batch_started(case.get("running", 0))
-    r = w.refusal(case["now_us"], case["deadline_us"], None, case["own_batch_tokens"])
+    r = w.refusal(case["now_us"], case["deadline_us"], None, case["own_batch_tokens"], case["queued_before_last"])
     got = {"code": "OK" if r is None else r.code.name, "message": "" if r is None else r.message, "wait_us": w.wait_us()}
     assert got == case["expect"]
     w.remove(case["tokens"])

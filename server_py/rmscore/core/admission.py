@@ -20,6 +20,11 @@ A request is refused at once:
   its batch. The batcher bounds that batch's padded tokens (its longest sequence alone, or with
   `max_batch_size` > 1 up to `max_batch_size` x the longest of it and the queue, at most
   `max_batch_tokens`); at the rate, and at most the batch time bound, it is the batch's time.
+  For a request of several sequences the deadline is held to its last sequence: the wait is the work
+  that ranks before that one's turn ends, its own earlier sequences included. Held to its first, a
+  flood of 80 HTTP callers each sending 16 x 512 tokens every 2 s (reliability/attacks.py,
+  `streams_80_conns`) had every request accepted and then expire in the queue, turn by turn beside
+  the other 79: 135 requests, none answered, and the model time spent on their first sequences lost.
 
 Callers are served in turn (issue 29, defect 4): a caller is a connection (`CALLER`, which the front
 ends set: gRPC's peer, HTTP's client address), every call and stream on it included, and the batcher
@@ -30,9 +35,9 @@ every other caller's up to there). The batcher reads that sum from its index
 (`QueueIndex.tokens_through`) and hands it to `refusal`. A new caller's wait is the running batches and
 the sequences that end before its own turn does (80 callers each holding a 512-token sequence at the
 head are not ahead of a 16-token probe), and a caller that floods waits behind its own work and is
-refused for it, alone. Only the work
-ahead counts, never the request's own: an idle server accepts any valid request (the sequence limits
-still apply), and a request larger than the bound is fed to the model a sequence at a time in its
+refused for it, alone. For the work bound only the work
+ahead counts, never the request's own: an idle server accepts any valid request that its deadline
+leaves time for (the sequence limits still apply), and a request larger than the bound is fed to the model a sequence at a time in its
 turns, behind other callers' work. server_cpp/src/admission.{h,cc} is this file in C++, same rule and
 messages; contract/batching_vectors.json's "admission" cases hold both to it.
 """
@@ -106,23 +111,32 @@ class QueueWork:
         return min(own, self.max_batch_us) if self.max_batch_us > 0 else own
 
     def refusal(self, now_us: int, deadline_us: int | None, queued_ahead: int | None = None,
-                own_batch_tokens: int = 0) -> ScoreError | None:
+                own_batch_tokens: int = 0, queued_before_last: int | None = None) -> ScoreError | None:
         """Why a request arriving at `now_us` (deadline `deadline_us`, same clock) behind the running batches
         and `queued_ahead` queued real tokens (None: all of them), to run in a batch of at most
-        `own_batch_tokens` padded tokens, is refused, or None."""
+        `own_batch_tokens` padded tokens, is refused, or None. `queued_before_last`, for a request of
+        several sequences: the real tokens queued that rank at or before its last sequence, plus its own
+        sequences before that one (None: `queued_ahead`, a request of one sequence). The work bound reads
+        what is ahead of its first sequence; its deadline, what must run before its last one ends."""
         wait = self.wait_us(queued_ahead)
-        if wait <= 0:
+        to_last = wait if queued_before_last is None else self.wait_us(queued_before_last)
+        if to_last <= 0:
             return None
         if self.max_wait_us > 0 and wait > self.max_wait_us:
             return ScoreError(Code.RESOURCE_EXHAUSTED,
                               f"queue full: about {wait // 1000} ms of model work waiting exceeds "
                               f"max_queue_wait_seconds ({self.max_wait_us // 1000} ms)")
         own = self.own_batch_us(own_batch_tokens)
-        if deadline_us is not None and wait + own > deadline_us - now_us:
+        if deadline_us is not None and to_last + own > deadline_us - now_us:
+            left = max(0, deadline_us - now_us) // 1000
+            if to_last == wait:
+                return ScoreError(Code.DEADLINE_EXCEEDED,
+                                  f"deadline exceeded before scoring: about {wait // 1000} ms of model work waiting "
+                                  f"and up to {own // 1000} ms for its own batch, {left} ms left before the deadline")
             return ScoreError(Code.DEADLINE_EXCEEDED,
-                              f"deadline exceeded before scoring: about {wait // 1000} ms of model work waiting "
-                              f"and up to {own // 1000} ms for its own batch, "
-                              f"{max(0, deadline_us - now_us) // 1000} ms left before the deadline")
+                              f"deadline exceeded before scoring: about {to_last // 1000} ms of model work before its "
+                              f"last sequence (its own earlier sequences included) and up to {own // 1000} ms for "
+                              f"that sequence's batch, {left} ms left before the deadline")
         return None
 
 

@@ -233,7 +233,8 @@ class Batcher:
                 job.deadline_us = int(job.deadline_s * 1e6)
             refused = self._refusal_locked(len(job.seqs)) or self._work_refusal_locked(
                 arrival, job.deadline_us, job.caller, max((len(s) for s in job.seqs), default=0),
-                len(job.seqs[0]) if job.seqs else 0)
+                len(job.seqs[0]) if job.seqs else 0, sum(len(s) for s in job.seqs),
+                len(job.seqs[-1]) if job.seqs else 0)
             if refused is not None:
                 job.finished, job.error = True, refused  # never answered: a later cancel does nothing
                 raise refused
@@ -287,20 +288,26 @@ class Batcher:
         return max(head, self._turn_end.get(caller, head))
 
     def _work_refusal_locked(self, now_us: int, deadline_us: int | None, caller: str,
-                             longest: int = 0, first: int = 0) -> ScoreError | None:
-        """Precondition: _mu held. Why a request of `caller` whose longest sequence is `longest` and first
-        `first` long (0: not read yet) is refused by the work ahead of it, or None: the running batches
-        and every queued sequence ranked at or before where its first would rank (admission.py: the
-        caller's own queued work, and each other caller's whose turn ends by then; unread, the first
-        counts as one token), and its own batch: its longest sequence alone, or with partners padded to
-        the longest of it and the queue, at most max_batch_tokens."""
-        rank = self._turn_start_locked(caller, self._head_locked()) + max(first, 1)
+                             longest: int = 0, first: int = 0, total: int = 0, last: int = 0) -> ScoreError | None:
+        """Precondition: _mu held. Why a request of `caller` whose longest sequence is `longest`, first
+        `first` and last `last` long, `total` tokens in all (0: not read yet), is refused by the work
+        ahead of it, or None: the running batches and every queued sequence ranked at or before where
+        its first would rank (admission.py: the caller's own queued work, and each other caller's whose
+        turn ends by then; unread, the first counts as one token), and its own batch: its longest
+        sequence alone, or with partners padded to the longest of it and the queue, at most
+        max_batch_tokens. Its deadline is held to its last sequence: the queued work ranked at or before
+        where that one's turn ends, and its own sequences before it."""
+        start = self._turn_start_locked(caller, self._head_locked())
+        ahead = self._index.tokens_through(start + max(first, 1))
+        before_last = None
+        if total > first:  # several sequences
+            before_last = self._index.tokens_through(start + total) + total - last
         cfg = self._opts.planner
         own = longest
         if cfg.max_batch_size > 1:
             padded = max(longest, self._index.by_length[-1][0] if self._index.by_length else 0)
             own = max(longest, min(cfg.max_batch_tokens, cfg.max_batch_size * padded))
-        return self._work.refusal(now_us, deadline_us, self._index.tokens_through(rank), own)
+        return self._work.refusal(now_us, deadline_us, ahead, own, before_last)
 
     def _refusal_locked(self, n: int) -> ScoreError | None:
         """Precondition: _mu held. Why a job of `n` sequences cannot be accepted now (None when it can):

@@ -348,6 +348,23 @@ def _paced_http(ctx, callers: int, rate: float, body_fn) -> None:
     _run_workers(worker, callers, until + CALL_DEADLINE_S + 10)
 
 
+def a_batches_80(ctx):
+    """Defect 4 variant, gRPC: 80 callers (a connection each), each sending a 16 x 512 Score every 2 s
+    with a 20 s deadline: streams_80_conns's HTTP load as unary calls. Every request queued beside 79
+    others ends its last sequence after its deadline unless admission holds the deadline to it."""
+    pb, pbg = _pb()
+    tally, until = ctx["tally"], ctx["until"]
+
+    def worker(i):
+        stub = pbg.RewardModelStub(_grpc_channel(ctx["target"], True))
+        req = _tok_request([_ids(512, i + k) for k in range(16)])
+        while time.monotonic() < until:
+            t = time.monotonic()
+            tally.add(_grpc_outcome(lambda: stub.Score(req, timeout=CALL_DEADLINE_S)))
+            time.sleep(max(0.0, 2.0 - (time.monotonic() - t)))
+    _run_workers(worker, 80, until + CALL_DEADLINE_S + 10)
+
+
 def a_burst_300(ctx):
     """Defect 6: 300 one-sequence calls at once on a fresh channel, every 2 s (HTTP: 300 connections at once)."""
     _burst(ctx, 300, 2.0)
@@ -487,6 +504,7 @@ ATTACKS = {
     "big_1024x512_x4conn": (a_big_bodies, "4/5 share+bytes", None),
     "streams_100": (a_streams_100, "4 share", None),
     "streams_80_conns": (a_streams_conns, "4 share", None),
+    "batches_80_callers": (a_batches_80, "4 share", ("grpc",)),
     "burst_300": (a_burst_300, "6 streams limit", None),
     "burst_1000": (a_burst_1000, "6 streams limit", None),
     "slow_headers_64": (a_slow_headers, "7 slow clients", None),
