@@ -66,7 +66,10 @@ def test_flooding_stream_leaves_room_for_other_callers(running):
 def test_a_queue_bounded_by_work_answers_probes_or_refuses_them_fast(running):
     # Before admission by work (docs/hardening.md, "A queue bounded by work"): 7 of 8 probes timed out
     # behind minutes of queued work.
-    fig = transport.work_flood(kind(running, HTTP), senders=4, seconds=3.0)
+    # Requests of 32 x 512 tokens (about 2 s each here): admission holds a request's deadline (8 s) to
+    # its last sequence, so 128-sequence requests, each past it alone, were all refused and never filled
+    # the queue; four callers of these fill it to about that deadline.
+    fig = transport.work_flood(kind(running, HTTP), senders=4, seqs=32, seconds=3.0)
     assert fig["flood_codes"].get("DEADLINE_EXCEEDED", 0) + fig["flood_codes"].get("RESOURCE_EXHAUSTED", 0) > 0, fig
     assert fig["max_expected_wait_s"] > 2.0, fig  # the flood did fill the queue past a probe's deadline
     # Every probe was answered inside its 2 s deadline (the server enforces it) or refused well before it:
