@@ -921,6 +921,21 @@ TEST(FairShare, AFloodingCallerIsRefusedForItsOwnWorkWhileAnotherIsAccepted) {
   EXPECT_EQ(h.Batches(), (Batches{{1}, {4}, {2}}));
 }
 
+// One worker inside a 10-token batch of caller "a" (1 ms at 100 us a token), held until h.gate.Open(), and
+// callers "b" to "f" each with one 2,000-token sequence queued, whose turns all start at the head. `h`:
+// one worker, batches of 1, a 2 s work bound, seeded at 100 us a token.
+std::vector<std::unique_ptr<Submitted>> FiveTiedAtTheHead(Harness& h, std::unique_ptr<Submitted>& running) {
+  h.gated = true;
+  running = SubmitAs(h, "a", {std::vector<int64_t>(10, 1)});
+  EXPECT_TRUE(h.gate.WaitEntered(1));
+  std::vector<std::unique_ptr<Submitted>> tied;
+  for (int64_t k = 2; k <= 6; ++k) {
+    tied.push_back(SubmitAs(h, std::string(1, char('a' + k - 1)), {std::vector<int64_t>(2000, k)}));
+    EXPECT_TRUE(tied.back()->admitted.ok()) << tied.back()->admitted.error_message();
+  }
+  return tied;
+}
+
 TEST(FairShare, ANewCallersShortSequenceRunsBeforeLongOnesTiedAtTheHead) {
   // Five callers, each with one 2,000-token sequence whose turn starts at the head (every one of them
   // new): a sixth caller's 5-token sequence starts there too but its turn ends first, so it runs next and
@@ -929,14 +944,8 @@ TEST(FairShare, ANewCallersShortSequenceRunsBeforeLongOnesTiedAtTheHead) {
   // (docs/bench/attacks_2026-12-06.md, streams_80_conns).
   Harness h(/*max_batch_size=*/1, /*delay_us=*/0, /*max_queue=*/4096, nullptr, /*workers=*/1,
             /*max_wait_us=*/2'000'000, /*seed=*/100.0);
-  h.gated = true;
-  auto running = SubmitAs(h, "a", {std::vector<int64_t>(10, 1)});
-  ASSERT_TRUE(h.gate.WaitEntered(1));
-  std::vector<std::unique_ptr<Submitted>> tied;
-  for (int64_t k = 2; k <= 6; ++k) {
-    tied.push_back(SubmitAs(h, std::string(1, char('a' + k - 1)), {std::vector<int64_t>(2000, k)}));
-    EXPECT_TRUE(tied.back()->admitted.ok()) << tied.back()->admitted.error_message();
-  }
+  std::unique_ptr<Submitted> running;
+  auto tied = FiveTiedAtTheHead(h, running);
   EXPECT_TRUE(h.batcher->WorkRefusal(Clock::now() + 100ms, "g").ok());
   auto probe = SubmitAs(h, "g", {std::vector<int64_t>(5, 9)}, Clock::now() + 100ms);
   EXPECT_TRUE(probe->admitted.ok()) << probe->admitted.error_message();
@@ -961,14 +970,8 @@ TEST(FairShare, ARequestsDeadlineIsHeldToItsLastSequence) {
   // first, it was accepted under a 0.5 s deadline and expired in the queue (tests/unit/test_caller_turns.py).
   Harness h(/*max_batch_size=*/1, /*delay_us=*/0, /*max_queue=*/4096, nullptr, /*workers=*/1,
             /*max_wait_us=*/2'000'000, /*seed=*/100.0);
-  h.gated = true;
-  auto running = SubmitAs(h, "a", {std::vector<int64_t>(10, 1)});
-  ASSERT_TRUE(h.gate.WaitEntered(1));
-  std::vector<std::unique_ptr<Submitted>> tied;
-  for (int64_t k = 2; k <= 6; ++k) {
-    tied.push_back(SubmitAs(h, std::string(1, char('a' + k - 1)), {std::vector<int64_t>(2000, k)}));
-    EXPECT_TRUE(tied.back()->admitted.ok()) << tied.back()->admitted.error_message();
-  }
+  std::unique_ptr<Submitted> running;
+  auto tied = FiveTiedAtTheHead(h, running);
   const std::vector<std::vector<int64_t>> four(4, std::vector<int64_t>(500, 7));
   auto refused = SubmitAs(h, "g", four, Clock::now() + 500ms);
   EXPECT_EQ(refused->admitted.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);

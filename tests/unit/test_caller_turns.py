@@ -120,18 +120,26 @@ def test_a_flooding_caller_is_refused_for_its_own_work_while_another_is_accepted
     h.batcher.stop()
 
 
-def test_a_new_callers_short_sequence_runs_before_long_ones_tied_at_the_head():
-    # Five callers, each with one 2,000-token sequence whose turn starts at the head (every one of them
-    # new): a sixth caller's 5-token sequence starts there too but its turn ends first, so it runs next
-    # and only the running batch (1 ms) is ahead of it. Ranked by their turns' starts, it waited for all
-    # five (1 s of work): 80 connections streaming 512-token items refused every probe for the whole
-    # attack (docs/bench/attacks_2026-12-06.md, streams_80_conns).
+def five_tied_at_the_head() -> tuple[Harness, Submitted, list[Submitted]]:
+    """One worker inside a 10-token batch (1 ms at 100 us a token) of caller "a", held until
+    `h.gate.open()`, and callers "b" to "f" each with one 2,000-token sequence queued, whose turns all
+    start at the head: (harness, the running one, the five)."""
     h = Harness(max_batch_size=1, max_wait_us=2_000_000, seed=100.0)
     h.gated = True
     running = submit_as(h, "a", [[1] * 10])
     assert h.gate.wait_entered(1)
     tied = [submit_as(h, c, [[k] * 2000]) for k, c in enumerate("bcdef", start=2)]
     assert all(s.admitted is None for s in tied)
+    return h, running, tied
+
+
+def test_a_new_callers_short_sequence_runs_before_long_ones_tied_at_the_head():
+    # Five callers, each with one 2,000-token sequence whose turn starts at the head (every one of them
+    # new): a sixth caller's 5-token sequence starts there too but its turn ends first, so it runs next
+    # and only the running batch (1 ms) is ahead of it. Ranked by their turns' starts, it waited for all
+    # five (1 s of work): 80 connections streaming 512-token items refused every probe for the whole
+    # attack (docs/bench/attacks_2026-12-06.md, streams_80_conns).
+    h, running, tied = five_tied_at_the_head()
     assert h.batcher.work_refusal(time.monotonic() + 0.1, "g") is None
     probe = submit_as(h, "g", [[9] * 5], time.monotonic() + 0.1)
     assert probe.admitted is None
@@ -152,11 +160,7 @@ def test_a_requests_deadline_is_held_to_its_last_sequence():
     # its last ends it with theirs, after all five (1 s) and its own three before it (0.15 s). Held to its
     # first, it was accepted under a 0.5 s deadline and expired in the queue: a flood of 80 callers
     # sending 16 sequences each had none of 135 requests answered (streams_80_conns on py-http).
-    h = Harness(max_batch_size=1, max_wait_us=2_000_000, seed=100.0)
-    h.gated = True
-    running = submit_as(h, "a", [[1] * 10])
-    assert h.gate.wait_entered(1)
-    tied = [submit_as(h, c, [[k] * 2000]) for k, c in enumerate("bcdef", start=2)]
+    h, running, tied = five_tied_at_the_head()
     four = [[7] * 500] * 4
     refused = submit_as(h, "g", four, time.monotonic() + 0.5)
     assert refused.admitted.code == Code.DEADLINE_EXCEEDED
