@@ -47,16 +47,14 @@ grpc::Status QueueWork::Refusal(int64_t now_us, std::optional<int64_t> deadline_
   const int64_t own = OwnBatchUs(own_batch_tokens);
   if (deadline_us && to_last + own > *deadline_us - now_us) {
     const int64_t left = *deadline_us - now_us;
-    const std::string tail = std::to_string((left > 0 ? left : 0) / 1000) + " ms left before the deadline";
-    if (to_last == wait) {
-      return {grpc::StatusCode::DEADLINE_EXCEEDED,
-              "deadline exceeded before scoring: about " + std::to_string(wait / 1000) +
-                  " ms of model work waiting and up to " + std::to_string(own / 1000) + " ms for its own batch, " + tail};
-    }
+    const bool one = !queued_before_last;
+    const std::string waiting =
+        one ? "model work waiting" : "model work before its last sequence (its own earlier sequences included)";
+    const std::string batch = one ? "its own batch" : "that sequence's batch";
     return {grpc::StatusCode::DEADLINE_EXCEEDED,
-            "deadline exceeded before scoring: about " + std::to_string(to_last / 1000) +
-                " ms of model work before its last sequence (its own earlier sequences included) and up to " +
-                std::to_string(own / 1000) + " ms for that sequence's batch, " + tail};
+            "deadline exceeded before scoring: about " + std::to_string(to_last / 1000) + " ms of " + waiting +
+                " and up to " + std::to_string(own / 1000) + " ms for " + batch + ", " +
+                std::to_string((left > 0 ? left : 0) / 1000) + " ms left before the deadline"};
   }
   return grpc::Status::OK;
 }

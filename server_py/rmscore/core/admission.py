@@ -128,15 +128,15 @@ class QueueWork:
                               f"max_queue_wait_seconds ({self.max_wait_us // 1000} ms)")
         own = self.own_batch_us(own_batch_tokens)
         if deadline_us is not None and to_last + own > deadline_us - now_us:
-            left = max(0, deadline_us - now_us) // 1000
-            if to_last == wait:
-                return ScoreError(Code.DEADLINE_EXCEEDED,
-                                  f"deadline exceeded before scoring: about {wait // 1000} ms of model work waiting "
-                                  f"and up to {own // 1000} ms for its own batch, {left} ms left before the deadline")
+            if queued_before_last is None:
+                waiting, batch = "model work waiting", "its own batch"
+            else:
+                waiting = "model work before its last sequence (its own earlier sequences included)"
+                batch = "that sequence's batch"
             return ScoreError(Code.DEADLINE_EXCEEDED,
-                              f"deadline exceeded before scoring: about {to_last // 1000} ms of model work before its "
-                              f"last sequence (its own earlier sequences included) and up to {own // 1000} ms for "
-                              f"that sequence's batch, {left} ms left before the deadline")
+                              f"deadline exceeded before scoring: about {to_last // 1000} ms of {waiting} and up to "
+                              f"{own // 1000} ms for {batch}, {max(0, deadline_us - now_us) // 1000} ms left before "
+                              "the deadline")
         return None
 
 

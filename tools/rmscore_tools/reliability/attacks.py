@@ -149,18 +149,21 @@ class _Tally:
             self.c[outcome] += n
 
 
-def _loop(threads: int, until: float, once, tally: _Tally, per_thread_state=None) -> None:
-    """`threads` threads, each calling once(i, state) until `until`; the outcomes are tallied."""
+def _loop(threads: int, until: float, once, tally: _Tally, per_thread_state=None, every_s: float = 0.0) -> None:
+    """`threads` threads, each calling once(i, state) until `until`, a call at most every `every_s`
+    (0: back to back); the outcomes are tallied."""
     def worker(i):
         st = per_thread_state(i) if per_thread_state else None
         while time.monotonic() < until:
+            t = time.monotonic()
             tally.add(once(i, st))
+            time.sleep(max(0.0, every_s - (time.monotonic() - t)))
     _run_workers(worker, threads, until + CALL_DEADLINE_S + 10)
 
 
-def _unary_flood(ctx, threads: int, make, own_connections: bool = True) -> None:
-    """`threads` callers (a connection each), each sending `make(i)` back to back. make: a pb request
-    (gRPC) or (path, body bytes) (HTTP)."""
+def _unary_flood(ctx, threads: int, make, own_connections: bool = True, every_s: float = 0.0) -> None:
+    """`threads` callers (a connection each), each sending `make(i)` back to back, or one every
+    `every_s`. make: a pb request (gRPC) or (path, body bytes) (HTTP)."""
     tally, until = ctx["tally"], ctx["until"]
     if ctx["transport"] == "grpc":
         pb, pbg = _pb()
@@ -181,7 +184,7 @@ def _unary_flood(ctx, threads: int, make, own_connections: bool = True) -> None:
         def once(i, st):
             client, (path, body) = st
             return _http_outcome(client, path, body)
-    _loop(threads, until, once, tally, state)
+    _loop(threads, until, once, tally, state, every_s)
 
 
 def _score_body(seqs: list[dict], truncation: str = "none", timeout_ms: int | None = None) -> bytes:
@@ -320,7 +323,7 @@ def a_streams_100(ctx):
         _streams(ctx, 100, lambda i, n, sid: pb.ScoreStreamRequest(
             id=sid, sequence=pb.Sequence(tokens=pb.TokenIds(ids=_ids(512, n + i)))), 1.0, 60, False)
     else:
-        _paced_http(ctx, 100, 1.0, lambda i: _score_body([{"tokens": _ids(512, i)}]))
+        _unary_flood(ctx, 100, lambda i: ("/rmscore/v1/score", _score_body([{"tokens": _ids(512, i)}])), every_s=1.0)
 
 
 def a_streams_conns(ctx):
@@ -331,38 +334,15 @@ def a_streams_conns(ctx):
         _streams(ctx, 80, lambda i, n, sid: pb.ScoreStreamRequest(
             id=sid, sequence=pb.Sequence(tokens=pb.TokenIds(ids=_ids(512, n + i)))), 2.0, 120, True)
     else:
-        _paced_http(ctx, 80, 0.5, lambda i: _score_body([{"tokens": _ids(512, i + k)} for k in range(16)]))
-
-
-def _paced_http(ctx, callers: int, rate: float, body_fn) -> None:
-    import httpx
-    tally, until = ctx["tally"], ctx["until"]
-
-    def worker(i):
-        with httpx.Client(base_url=ctx["base_url"], timeout=CALL_DEADLINE_S + 5) as c:
-            body = body_fn(i)
-            while time.monotonic() < until:
-                t = time.monotonic()
-                tally.add(_http_outcome(c, "/rmscore/v1/score", body))
-                time.sleep(max(0.0, 1 / rate - (time.monotonic() - t)))
-    _run_workers(worker, callers, until + CALL_DEADLINE_S + 10)
+        _unary_flood(ctx, 80, lambda i: ("/rmscore/v1/score", _score_body([{"tokens": _ids(512, i + k)}
+                                                                          for k in range(16)])), every_s=2.0)
 
 
 def a_batches_80(ctx):
     """Defect 4 variant, gRPC: 80 callers (a connection each), each sending a 16 x 512 Score every 2 s
     with a 20 s deadline: streams_80_conns's HTTP load as unary calls. Every request queued beside 79
     others ends its last sequence after its deadline unless admission holds the deadline to it."""
-    pb, pbg = _pb()
-    tally, until = ctx["tally"], ctx["until"]
-
-    def worker(i):
-        stub = pbg.RewardModelStub(_grpc_channel(ctx["target"], True))
-        req = _tok_request([_ids(512, i + k) for k in range(16)])
-        while time.monotonic() < until:
-            t = time.monotonic()
-            tally.add(_grpc_outcome(lambda: stub.Score(req, timeout=CALL_DEADLINE_S)))
-            time.sleep(max(0.0, 2.0 - (time.monotonic() - t)))
-    _run_workers(worker, 80, until + CALL_DEADLINE_S + 10)
+    _unary_flood(ctx, 80, lambda i: _tok_request([_ids(512, i + k) for k in range(16)]), every_s=2.0)
 
 
 def a_burst_300(ctx):
