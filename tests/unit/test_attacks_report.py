@@ -29,10 +29,26 @@ def test_row_has_every_column_and_the_figures():
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert len(cells) == len(attacks.COLUMNS)
     assert cells[:4] == ["py-grpc-onnxruntime", "big_1024x512", "1.50", "2/2/1"]
-    assert cells[8:] == ["1000", "250", "1050 (+5.0%)", "yes", "10/6/3", "1"]
+    assert cells[8:] == ["1000", "250", "1050 (+5.0%)", "yes", "10/6/3", "-", "1"]
+    timed = attacks.format_row(_row(call_refusals=attacks.refusal_figures([4.0, 6.0, 250.0])))
+    assert [c.strip() for c in timed.strip("|").split("|")][13] == "6.0/250.0 (1)"
     table = attacks.table([_row(), {"kind": "cpp-grpc", "attack": "burst_300", "family": "6", "skipped": "server dead"}])
     lines = table.splitlines()
     assert len(lines) == 4 and all(len(x.strip("|").split("|")) == len(attacks.COLUMNS) for x in lines[2:])
+
+
+def test_the_attacks_own_refusals_are_timed_and_nothing_else():
+    # Only a refusal's time is kept: a scored call, a lost one or one the client gave up on is not a
+    # refusal, and a refusal of 100 ms or more is counted slow, as a probe's is.
+    t = attacks._Tally()
+    for outcome, ms in [("OK", 900.0), ("LOST:UNAVAILABLE", 5.0), ("ABANDONED:no-deadline", 30000.0),
+                        ("RESOURCE_EXHAUSTED", 3.0), ("HTTP_429", 120.0), ("DEADLINE_EXCEEDED", 7.0)]:
+        t.add(outcome, ms=ms)
+    t.add("UNAVAILABLE", n=5)  # stream items, untimed
+    assert t.c["sent"] == 11 and t.refusal_ms == [3.0, 120.0, 7.0]
+    f = attacks.refusal_figures(t.refusal_ms)
+    assert (f["n"], f["p50_ms"], f["max_ms"], f["slow"]) == (3, 7.0, 120.0, 1)
+    assert attacks.refusal_figures([]) == {"n": 0, "p50_ms": None, "p99_ms": None, "max_ms": None, "slow": 0}
 
 
 def test_verdict_follows_the_goal():

@@ -138,15 +138,31 @@ def _http_outcome(client, path: str, body: bytes) -> str:
     return "OK" if r.status_code == 200 else f"HTTP_{r.status_code}"
 
 
+def refused_outcome(outcome: str) -> bool:
+    """An answer that is a refusal: not OK, and not a call the server never answered."""
+    return outcome != "OK" and not outcome.startswith(("LOST", "ABANDONED"))
+
+
+def refusal_figures(ms: list[float]) -> dict:
+    """The attack's own refused calls, each timed from its send to its answer: how fast overload is
+    refused to the attacker itself, not only to the probes beside it."""
+    return {"n": len(ms), "p50_ms": pct(ms, 0.5), "p99_ms": pct(ms, 0.99), "max_ms": max(ms) if ms else None,
+            "slow": sum(1 for m in ms if m >= FAST_MS)}
+
+
 class _Tally:
     def __init__(self):
         self.lock = threading.Lock()
         self.c: Counter = Counter()
+        self.refusal_ms: list[float] = []
 
-    def add(self, outcome: str, n: int = 1) -> None:
+    def add(self, outcome: str, n: int = 1, ms: float | None = None) -> None:
+        """`ms`: the call's time from send to answer, kept for a refusal (refusal_figures)."""
         with self.lock:
             self.c["sent"] += n
             self.c[outcome] += n
+            if ms is not None and refused_outcome(outcome):
+                self.refusal_ms.append(ms)
 
 
 def _loop(threads: int, until: float, once, tally: _Tally, per_thread_state=None, every_s: float = 0.0) -> None:
@@ -156,7 +172,8 @@ def _loop(threads: int, until: float, once, tally: _Tally, per_thread_state=None
         st = per_thread_state(i) if per_thread_state else None
         while time.monotonic() < until:
             t = time.monotonic()
-            tally.add(once(i, st))
+            outcome = once(i, st)
+            tally.add(outcome, ms=(time.monotonic() - t) * 1000)
             time.sleep(max(0.0, every_s - (time.monotonic() - t)))
     _run_workers(worker, threads, until + CALL_DEADLINE_S + 10)
 
@@ -507,7 +524,7 @@ def _attacker(name: str, ctx: dict, q) -> None:
         err = ""
     except Exception as e:  # noqa: BLE001
         err = f"{type(e).__name__}: {e}"[:300]
-    q.put({"counts": dict(ctx["tally"].c), "error": err})
+    q.put({"counts": dict(ctx["tally"].c), "refusals": refusal_figures(ctx["tally"].refusal_ms), "error": err})
 
 
 # ---- one attack, one kind ----------------------------------------------------------------------
@@ -575,6 +592,7 @@ def run_attack(server, kind: str, name: str, seconds: float, settle_s: float) ->
     counts = (out or {}).get("counts", {})
     row["calls"] = counts
     row["lost"] = sum(v for k, v in counts.items() if k.startswith("LOST")) if out else None
+    row["call_refusals"] = (out or {}).get("refusals")
     row["attacker_error"] = (out or {}).get("error", "attacker did not report")
     row["load_end"] = loadavg()
     return row
@@ -609,7 +627,8 @@ def run_kind(kind: str, attacks: list[str], seconds: float, settle_s: float, log
 # ---- report ------------------------------------------------------------------------------------
 
 COLUMNS = ["kind", "attack", "load", "probes ok/ref/t.o.", "slow ref", "p50 ms", "p99 ms", "max ms",
-           "base MiB", "peak +MiB", "after MiB (vs base)", "alive", "calls sent/ok/refused", "lost"]
+           "base MiB", "peak +MiB", "after MiB (vs base)", "alive", "calls sent/ok/refused",
+           "calls' refusals p50/p99 ms (slow)", "lost"]
 
 
 def _n(x, d: int = 0) -> str:
@@ -630,8 +649,15 @@ def format_row(r: dict) -> str:
              f"{r['served']}/{r['refused']}/{r['timed_out']}", str(r["slow_refusals"]),
              _n(r["p50_ms"], 1), _n(r["p99_ms"], 1), _n(r["max_ms"], 0),
              _n(r["baseline_mib"]), _n(r["peak_over_mib"]), rel, "yes" if r["alive"] else "NO",
-             f"{sent}/{ok}/{refused}", "-" if lost is None else str(lost)]
+             f"{sent}/{ok}/{refused}", _refusals_cell(r.get("call_refusals")), "-" if lost is None else str(lost)]
     return "| " + " | ".join(cells) + " |"
+
+
+def _refusals_cell(f: dict | None) -> str:
+    """The attack's own timed refusals; "-" where none were timed (stream items, raw-socket attacks)."""
+    if not f or not f.get("n"):
+        return "-"
+    return f"{_n(f['p50_ms'], 1)}/{_n(f['p99_ms'], 1)} ({f['slow']})"
 
 
 def table(rows: list[dict]) -> str:
