@@ -39,8 +39,11 @@ def test_ratios_are_taken_within_each_repetition():
     rollout = sm["rows"]["py-grpc-onnxruntime cost_aware:1 rollout"]["makespan_factor"]
     assert rollout["mean"] == pytest.approx((1.0 / (64 / 40) + 1.0 / (64 / 80)) / 2)
     text = scheduling.markdown({"summary": sm, "when": "now", "repeats": 2, "window_s": 5, "threads": 2, "reps": reps,
-                                "kinds": ["py-grpc-onnxruntime", "py-http-onnxruntime"]})
+                                "kinds": ["py-grpc-onnxruntime", "py-http-onnxruntime"],
+                                "machine": {"cpu": "AMD EPYC", "cores": 2, "commit": "0123456789abcdef"}})
     assert "| py-grpc-onnxruntime | cost_aware:1 | c64 | 57.0 ± " in text
+    # The figures say which machine gave them (the winner differs between CPUs).
+    assert "Machine: AMD EPYC, 2 cores; commit 0123456789ab." in text
 
 
 def test_each_server_is_held_to_the_plans_measured_right_before_it():

@@ -39,6 +39,7 @@ import time
 from rmscore_tools import kinds as kinds_registry, launch
 from rmscore_tools import caller, loadgen
 from rmscore_tools.bench.presets import Settings
+from rmscore_tools.host import machine_info
 from rmscore_tools.observe import cpu_s, metrics
 from rmscore_tools.stats import mean_ci
 from rmscore_tools.workload import LengthMix
@@ -251,7 +252,10 @@ def _f(ci: dict, digits: int = 3) -> str:
 
 def markdown(rec: dict) -> str:
     sm = rec["summary"]
+    m = rec.get("machine") or {}  # records written before the machine was kept have none
     lines = [f"# Scheduling: servers against the best in-process plan ({rec['when']})", "",
+             f"Machine: {m.get('cpu') or 'not recorded'}, {m.get('cores', '?')} cores; commit "
+             f"{(m.get('commit') or '?')[:12]}.", "",
              f"{rec['repeats']} repetitions, {rec['window_s']} s windows, lengths {LENGTHS}, "
              f"{rec['threads']} intra-op threads; one sequence per request at concurrency "
              f"{', '.join(map(str, CONCURRENCY))}; rollout: {ROLLOUT[0]} sequences in requests of {ROLLOUT[1]}, "
@@ -345,7 +349,7 @@ def run(s: Settings, out: pathlib.Path, model: str, kinds: list[str], configs: l
     out.mkdir(parents=True, exist_ok=True)
     rec = {"format": "rmscore-bench-scheduling/1", "when": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "kinds": kinds, "configs": configs, "repeats": s.repeats, "window_s": s.window_s,
-           "threads": s.intra_op_threads, "reps": []}
+           "threads": s.intra_op_threads, "machine": machine_info(), "reps": []}
     with tempfile.TemporaryDirectory(prefix="rmscore-sched-") as tmp:
         for rep in range(s.repeats):
             rec["reps"].append(repetition(rep, s, model, kinds, configs, out, pathlib.Path(tmp)))
