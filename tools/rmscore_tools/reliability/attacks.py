@@ -12,7 +12,8 @@ For each kind a server starts with its defaults (launch.start) on 127.0.0.1. For
 
 Figures per row: probes served / refused / timed out (a probe taking >= 1.9 s is timed out whatever its
 code), refusals slower than 100 ms, probe p50 / p99 / max, peak RSS over baseline, RSS after vs baseline,
-alive, and the attack's own calls: sent, answered (OK), refused (by code), lost. "Lost" is a call or a
+alive, and the attack's own calls: sent, answered (OK), refused (by code; those sent one by one also timed
+from send to answer: p50 / p99 ms and how many took 100 ms or more), lost. "Lost" is a call or a
 stream item that got no answer from the server: a transport error (connection closed or reset with no
 status, HTTP read error), a stream item missing from its stream's answers, or an HTTP client timeout (the
 body carries timeout_ms, so the server owes an answer before it; one without it that the client gave up on
